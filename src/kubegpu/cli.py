@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from kubegpu.errors import KubegpuError
 
@@ -25,7 +27,20 @@ COMPONENT_CLIS = (
     "kubegpu.exporter.cli",
 )
 
+
+class _OneLineErrors(TyperGroup):
+    """Bad input anywhere ends as one `error:` line and exit status 1 — in the real command and under CliRunner."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer vendors click; its Context type is private
+        try:
+            return super().invoke(ctx)
+        except KubegpuError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="kubegpu",
     help="Shareable, fully used GPUs in Kubernetes — and a simulator that shows what sharing does.",
     no_args_is_help=True,

@@ -1,0 +1,1 @@
+"""Prometheus metrics in dcgm-exporter's names and labels, attributed to pods."""

@@ -1,0 +1,86 @@
+"""`kubegpu exporter`: dcgm-exporter's flags and environment variables, so a DaemonSet spec carries over."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+
+import typer
+
+from kubegpu.errors import ConfigError
+from kubegpu.exporter.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
+from kubegpu.exporter.counters import load_counters
+from kubegpu.exporter.server import Exporter, serve
+from kubegpu.gpu.backend import open_backend
+
+log = logging.getLogger("kubegpu.exporter")
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`:9400`, `0.0.0.0:9400` or `127.0.0.1:0` → (host, port)."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"--address: expected HOST:PORT such as ':9400', got {address!r}")
+    return host or "0.0.0.0", int(port_text)
+
+
+def exporter_command(
+    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml or sim:PATH"),
+    address: str = typer.Option(":9400", "--address", "-a", envvar="DCGM_EXPORTER_LISTEN", help="HOST:PORT to serve."),
+    collectors: Path | None = typer.Option(
+        None, "--collectors", "-f", envvar="DCGM_EXPORTER_COLLECTORS", help="Counters CSV (default: built-in set)."
+    ),
+    collect_interval: int = typer.Option(
+        30000, "--collect-interval", "-c", envvar="DCGM_EXPORTER_INTERVAL", help="Collection interval in ms."
+    ),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", "-k", envvar="DCGM_EXPORTER_KUBERNETES", help="Attribute metrics to pods."
+    ),
+    pod_resources_socket: Path = typer.Option(
+        Path(DEFAULT_POD_RESOURCES_SOCKET),
+        "--pod-resources-kubelet-socket",
+        envvar="DCGM_POD_RESOURCES_KUBELET_SOCKET",
+        help="The kubelet's PodResources socket.",
+    ),
+    no_hostname: bool = typer.Option(
+        False, "--no-hostname", "-n", envvar="DCGM_EXPORTER_NO_HOSTNAME", help="Leave out the Hostname label."
+    ),
+) -> None:
+    """Serve DCGM-compatible GPU metrics, every pod on a shared GPU attributed."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if collect_interval <= 0:
+        raise ConfigError(f"--collect-interval: must be a positive number of milliseconds, got {collect_interval}")
+    host, port = parse_address(address)
+    counters = load_counters(collectors)
+    for warning in counters.warnings:
+        log.warning(warning)
+    backend = open_backend(gpu_backend)
+    hostname = None if no_hostname else os.environ.get("NODE_NAME") or socket.gethostname()
+    pod_resources = PodResourcesClient(pod_resources_socket) if kubernetes else None
+    exporter = Exporter(backend, counters, hostname, pod_resources, collect_interval / 1000.0)
+    try:
+        server = serve(exporter, host, port)
+    except OSError as exc:
+        raise ConfigError(f"--address: cannot listen on {address}: {exc.strerror or exc}") from None
+    log.info("serving metrics on http://%s:%d/metrics", host, server.server_port)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        exporter.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worker = threading.Thread(target=exporter.run, name="exporter-collect", daemon=True)
+    worker.start()
+    worker.join()
+    server.shutdown()
+    server.server_close()
+    backend.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("exporter")(exporter_command)

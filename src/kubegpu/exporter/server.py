@@ -1,0 +1,165 @@
+"""The exporter process: a collection loop and an HTTP server for `/metrics`, `/health` and `/`."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import Gauge, disable_created_metrics
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from kubegpu.exporter.attribution import PodResourcesClient, attribute
+from kubegpu.exporter.collector import SnapshotCollector, build_families, read_node
+from kubegpu.exporter.counters import CounterSet
+from kubegpu.gpu.backend import GpuBackend
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+@dataclass
+class ExporterMetrics:
+    """The exporter's own health, under `kubegpu_exporter_`."""
+
+    registry: CollectorRegistry
+    collect_seconds: Gauge = field(init=False)
+    last_collect: Gauge = field(init=False)
+    attributed_pods: Gauge = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.collect_seconds = Gauge(
+            "kubegpu_exporter_collect_duration_seconds", "Time the last collection took.", registry=self.registry
+        )
+        self.last_collect = Gauge(
+            "kubegpu_exporter_last_collect_timestamp_seconds",
+            "When the last successful collection finished.",
+            registry=self.registry,
+        )
+        self.attributed_pods = Gauge(
+            "kubegpu_exporter_attributed_pods",
+            "Pods holding a GPU or MIG instance on this node.",
+            registry=self.registry,
+        )
+
+
+class Exporter:
+    """Collects on its own interval; scrapes read the last snapshot."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        counters: CounterSet,
+        hostname: str | None,
+        pod_resources: PodResourcesClient | None,
+        interval_s: float,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.backend = backend
+        self.counters = counters
+        self.hostname = hostname
+        self.pod_resources = pod_resources
+        self.interval_s = interval_s
+        disable_created_metrics()  # dcgm-exporter's output has no `*_created` series
+        self.registry = registry or CollectorRegistry(auto_describe=False)
+        self.snapshot = SnapshotCollector()
+        self.registry.register(self.snapshot)
+        self.metrics = ExporterMetrics(self.registry)
+        self.last_success: float | None = None
+        self._stop = threading.Event()
+
+    def collect_once(self) -> None:
+        started = time.monotonic()
+        reading = read_node(self.backend)
+        holders = self.pod_resources.list() if self.pod_resources is not None else None
+        holders_map = None
+        if holders is not None:
+            gpus = [entity.device for entity in reading.entities if entity.mig is None]
+            migs = [entity.mig for entity in reading.entities if entity.mig is not None]
+            holders_map = attribute(holders, gpus, migs)
+            self.metrics.attributed_pods.set(len({pod for pods in holders_map.values() for pod in pods}))
+        self.snapshot.update(build_families(reading, self.counters, holders_map, self.hostname))
+        self.last_success = time.time()
+        self.metrics.collect_seconds.set(time.monotonic() - started)
+        self.metrics.last_collect.set(self.last_success)
+
+    def healthy(self) -> bool:
+        return self.last_success is not None and time.time() - self.last_success < max(3 * self.interval_s, 10.0)
+
+    def run(self) -> None:
+        """Collect until `stop()`; a failed collection is logged and retried, never fatal."""
+        while not self._stop.is_set():
+            try:
+                self.collect_once()
+            except Exception as exc:  # one bad read must not stop the exporter
+                log.warning("collection failed: %s", exc)
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_COUNTER_HEADER = re.compile(rb"^# (HELP|TYPE) (\S+)_total( .*)$", re.MULTILINE)
+
+
+def _dcgm_counter_headers(body: bytes, counter_names: Iterable[str]) -> bytes:
+    """prometheus_client's 0.0.4 text format names a counter's HELP/TYPE lines `<name>_total` even when its samples
+    carry no suffix; dcgm-exporter writes them under the sample name, and dashboards that read metadata expect that.
+    """
+    names = {name.encode() for name in counter_names}
+
+    def fix(match: re.Match[bytes]) -> bytes:
+        if match.group(2) in names:
+            return b"# " + match.group(1) + b" " + match.group(2) + match.group(3)
+        return match.group(0)
+
+    return _COUNTER_HEADER.sub(fix, body)
+
+
+INDEX_PAGE = b"""<html><head><title>kubegpu exporter</title></head>
+<body><h1>kubegpu exporter</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/health">Health</a></p></body></html>
+"""
+
+
+def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
+    counter_names = [spec.field for spec in exporter.counters.series if spec.type == "counter"]
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+            body = encoder(exporter.registry)
+            if content_type.startswith("text/plain"):
+                body = _dcgm_counter_headers(body, counter_names)
+            start_response("200 OK", [("Content-Type", content_type)])
+            return [body]
+        if path == "/health":
+            ok = exporter.healthy()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"OK\n" if ok else b"no successful collection yet\n"]
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html")])
+            return [INDEX_PAGE]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug(format, *args)
+
+
+def serve(exporter: Exporter, host: str, port: int) -> WSGIServer:
+    """Bind the HTTP server (port 0 picks a free one) and serve it from a daemon thread."""
+    server = make_server(host, port, make_app(exporter), ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="exporter-http", daemon=True).start()
+    return server

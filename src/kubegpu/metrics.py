@@ -1,0 +1,69 @@
+"""kubegpu's own component metrics, under `kubegpu_`, in one place so names never drift between the code, the
+Grafana dashboard (`deploy/grafana/kubegpu-dashboard.json`) and the docs.
+
+Each component builds its metrics on a registry it is handed (tests use a fresh one; processes use the default),
+and serves them with `serve_metrics`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics, start_http_server
+from prometheus_client.registry import CollectorRegistry
+
+# DCGM-style output has no `*_created` series, and neither do we.
+disable_created_metrics()
+
+
+@dataclass(frozen=True)
+class PartitionerMetrics:
+    plans: Counter
+    pods_made_schedulable: Counter
+    plan_seconds: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry = REGISTRY) -> PartitionerMetrics:
+        return cls(
+            plans=Counter(
+                "kubegpu_partitioner_plans",
+                "Partitioning plans computed, by result (applied, nothing-to-do, failed).",
+                ["result"],
+                registry=registry,
+            ),
+            pods_made_schedulable=Counter(
+                "kubegpu_partitioner_pods_made_schedulable",
+                "Pending pods that a new layout made schedulable.",
+                registry=registry,
+            ),
+            plan_seconds=Gauge(
+                "kubegpu_partitioner_last_plan_duration_seconds", "Time the last plan took.", registry=registry
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class AutoscalerMetrics:
+    decisions: Counter
+    nodeclaims: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry = REGISTRY) -> AutoscalerMetrics:
+        return cls(
+            decisions=Counter(
+                "kubegpu_autoscaler_decisions",
+                "Autoscaler decisions, by kind (launch, delete, replace, expire).",
+                ["decision"],
+                registry=registry,
+            ),
+            nodeclaims=Gauge(
+                "kubegpu_autoscaler_nodeclaims", "NodeClaims by NodePool.", ["nodepool"], registry=registry
+            ),
+        )
+
+
+def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one)."""
+    host, _, port = address.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    return int(server.server_port)

@@ -1,0 +1,44 @@
+"""A fake kubelet PodResources server on a real unix socket, speaking the real v1 protocol."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from kubegpu.proto.podresources.v1 import api_pb2, api_pb2_grpc
+
+Assignment = tuple[str, str, str, str, list[str]]
+"""(namespace, pod, container, resource name, device ids)."""
+
+
+class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, socket_path: Path, assignments: list[Assignment]) -> None:
+        self.socket_path = socket_path
+        self.assignments = assignments
+        self.calls = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{socket_path}")
+
+    def __enter__(self) -> FakePodResources:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(None)
+
+    def List(
+        self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListPodResourcesResponse:
+        self.calls += 1
+        pods: dict[tuple[str, str], api_pb2.PodResources] = {}
+        for namespace, pod, container, resource, ids in self.assignments:
+            entry = pods.setdefault((namespace, pod), api_pb2.PodResources(name=pod, namespace=namespace))
+            entry.containers.append(
+                api_pb2.ContainerResources(
+                    name=container, devices=[api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)]
+                )
+            )
+        return api_pb2.ListPodResourcesResponse(pod_resources=list(pods.values()))
