@@ -113,6 +113,11 @@ def test_scrape_serves_the_snapshot_with_dcgm_counter_headers(mig_node: Simulate
         names = {f.name for f in text_string_to_metric_families(body)}
         assert "DCGM_FI_DEV_GPU_UTIL" in names and "kubegpu_exporter_collect_duration_seconds" in names
         assert 'pod="' not in body  # the pod-resources socket is missing: unattributed, never a failed scrape
+        mig_node.set_load(1, 33.0, 1000)  # a new collection replaces the cached rendering
+        exporter.collect_once()
+        body = urllib.request.urlopen(f"{base}/metrics").read().decode()
+        util = next(f for f in text_string_to_metric_families(body) if f.name == "DCGM_FI_DEV_GPU_UTIL")
+        assert [s.value for s in util.samples if s.labels["gpu"] == "1"] == [33.0]
         request = urllib.request.Request(f"{base}/metrics", headers={"Accept": "application/openmetrics-text"})
         assert urllib.request.urlopen(request).read().decode().rstrip().endswith("# EOF")
     finally:

@@ -73,6 +73,7 @@ class Exporter:
         self.registry.register(self.snapshot)
         self.metrics = ExporterMetrics(self.registry)
         self.last_success: float | None = None
+        self.generation = 0
         self._stop = threading.Event()
 
     def collect_once(self) -> None:
@@ -87,6 +88,7 @@ class Exporter:
             self.metrics.attributed_pods.set(len({pod for pods in holders_map.values() for pod in pods}))
         self.snapshot.update(build_families(reading, self.counters, holders_map, self.hostname))
         self.last_success = time.time()
+        self.generation += 1
         self.metrics.collect_seconds.set(time.monotonic() - started)
         self.metrics.last_collect.set(self.last_success)
 
@@ -130,16 +132,26 @@ INDEX_PAGE = b"""<html><head><title>kubegpu exporter</title></head>
 
 def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
     counter_names = [spec.field for spec in exporter.counters.series if spec.type == "counter"]
+    rendered: dict[str, tuple[int, bytes]] = {}
+
+    def render(encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
+        """Everything in the registry changes only when a collection finishes, so each format is rendered once per
+        collection and every scrape in between is served the same bytes."""
+        generation = exporter.generation
+        cached = rendered.get(content_type)
+        if cached is None or cached[0] != generation:
+            body = encoder(exporter.registry)
+            if content_type.startswith("text/plain"):
+                body = _dcgm_counter_headers(body, counter_names)
+            cached = rendered[content_type] = (generation, body)
+        return cached[1]
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-            body = encoder(exporter.registry)
-            if content_type.startswith("text/plain"):
-                body = _dcgm_counter_headers(body, counter_names)
             start_response("200 OK", [("Content-Type", content_type)])
-            return [body]
+            return [render(encoder, content_type)]
         if path == "/health":
             ok = exporter.healthy()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
