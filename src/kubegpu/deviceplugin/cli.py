@@ -1,0 +1,233 @@
+"""`kubegpu device-plugin` and `kubegpu mps-control-daemon`.
+
+Settings come from flags > NVIDIA's env vars > the config file (`kubegpu.config.effective_device_plugin_config`).
+Bad input at start-up is one `error:` line and exit 1; SIGTERM removes our sockets and exits 0; SIGHUP reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from kubegpu.errors import KubegpuError
+
+log = logging.getLogger("kubegpu.deviceplugin")
+
+
+def _flags(**given: Any) -> dict[str, object]:
+    """Only the flags the user gave (None = not given), under NVIDIA's flag names."""
+    return {name.replace("_", "-"): value for name, value in given.items() if value is not None}
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _kubelet_paths(kubelet_socket: str | None, plugin_dir: Path | None) -> tuple[Path | None, Path]:
+    from kubegpu.deviceplugin.manager import DEFAULT_KUBELET_SOCKET
+
+    if kubelet_socket is None:
+        kubelet_socket = os.environ.get("KUBELET_SOCKET", str(DEFAULT_KUBELET_SOCKET))
+    raw = kubelet_socket
+    socket = Path(raw.removeprefix("unix://")) if raw else None
+    directory = plugin_dir or (socket.parent if socket is not None else DEFAULT_KUBELET_SOCKET.parent)
+    if not directory.is_dir():
+        raise KubegpuError(f"--device-plugin-dir {directory}: not a directory")
+    return socket, directory
+
+
+def _parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise KubegpuError(f"--metrics-address {address!r}: expected HOST:PORT")
+    return host or "0.0.0.0", int(port)
+
+
+async def _wait_forever(reason: str) -> None:
+    """`failOnInitError: false` on a node without GPUs: log once, then idle until SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.warning("%s; failOnInitError is false, so waiting without serving any device", reason)
+    await stop.wait()
+
+
+async def _serve(options: dict[str, Any]) -> None:
+    from kubegpu.config.deviceplugin import check_mps_against_gpus, effective_device_plugin_config
+    from kubegpu.deviceplugin.health import policy_from_env
+    from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
+    from kubegpu.gpu.backend import BackendUnavailable, open_backend
+
+    flags, env, config_file = options["flags"], dict(os.environ), options["config"]
+    config = effective_device_plugin_config(config_file, env, flags)  # malformed → ConfigError → exit 1
+    try:
+        backend = open_backend(options["gpu_backend"])
+        gpus = backend.devices()
+        if not gpus:
+            raise BackendUnavailable("no GPUs found on this node")
+    except BackendUnavailable as exc:
+        if config.flags.fail_on_init_error:
+            raise
+        await _wait_forever(str(exc))
+        return
+    policy, warnings = policy_from_env(env, options["health_quiet_period"])
+    for warning in warnings:
+        log.warning("%s", warning)
+    watched = config_file or (Path(env["CONFIG_FILE"]) if env.get("CONFIG_FILE") else None)
+    settings = PluginSettings(
+        plugin_dir=options["plugin_dir"],
+        kubelet_socket=options["kubelet_socket"],
+        cdi_dir=options["cdi_dir"],
+        relist_interval_s=options["relist_interval"],
+        health_interval_s=min(1.0, max(0.1, options["health_quiet_period"] / 4)),
+        config_file=watched,
+        mps_slices_file=options["mps_slices_file"],
+        control_devices=options["control_devices"],
+    )
+    source = str(watched or "device plugin settings")
+
+    def load_config() -> object:
+        """The merged config, checked against the GPUs (MPS limits, no MPS with MIG) — at start and on reload."""
+        merged = effective_device_plugin_config(config_file, dict(os.environ), flags)
+        check_mps_against_gpus(merged, backend.devices(), source)
+        return merged
+
+    manager = DevicePluginManager(backend, load_config, settings, policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, manager.request_reload)  # handled once the run loop is up
+    metrics = _parse_address(options["metrics_address"]) if options["metrics_address"] else None
+    try:
+        await manager.start()
+    except BaseException:
+        await manager.stop()  # never leave half of our sockets behind
+        raise
+    if metrics is not None:
+        from prometheus_client import start_http_server
+
+        from kubegpu.deviceplugin.metrics import health_registry
+
+        try:
+            start_http_server(metrics[1], addr=metrics[0], registry=health_registry(manager.health_snapshot))
+        except OSError as exc:
+            await manager.stop()
+            raise KubegpuError(f"--metrics-address {options['metrics_address']}: {exc.strerror or exc}") from None
+    log.info("serving %s", ", ".join(f"{r}={len(d)}" for r, d in manager.listing.items()) or "no devices")
+    await manager.run(stop)
+    log.info("stopped; sockets removed")
+
+
+def _control_devices(gpu_backend: str, dev_root: str) -> tuple[str, ...]:
+    """On real hardware pass only the control nodes that exist; a simulated node pretends all do."""
+    from kubegpu.deviceplugin.allocate import CONTROL_DEVICES
+
+    if gpu_backend.startswith("sim:"):
+        return CONTROL_DEVICES
+    root = dev_root.rstrip("/")
+    return tuple(p for p in CONTROL_DEVICES if Path(f"{root}{p}").exists())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("device-plugin")
+    def device_plugin(
+        config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
+        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml | sim:PATH"),
+        kubelet_socket: str | None = typer.Option(
+            None, "--kubelet-socket", help="kubelet registration socket ('' = do not register); env KUBELET_SOCKET"
+        ),
+        device_plugin_dir: Path | None = typer.Option(None, "--device-plugin-dir", help="where our sockets go"),
+        mig_strategy: str | None = typer.Option(None, "--mig-strategy", help="none | single | mixed"),
+        fail_on_init_error: bool | None = typer.Option(None, "--fail-on-init-error/--no-fail-on-init-error"),
+        pass_device_specs: bool | None = typer.Option(None, "--pass-device-specs/--no-pass-device-specs"),
+        device_list_strategy: str | None = typer.Option(
+            None, "--device-list-strategy", help="envvar | volume-mounts | cdi-annotations | cdi-cri (comma list)"
+        ),
+        device_id_strategy: str | None = typer.Option(None, "--device-id-strategy", help="uuid | index"),
+        mps_root: str | None = typer.Option(None, "--mps-root"),
+        relist_interval: float = typer.Option(2.0, "--relist-interval", min=0.05, help="seconds between re-lists"),
+        mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE"),
+        cdi_dir: Path = typer.Option(Path("/var/run/cdi"), "--cdi-dir", envvar="KUBEGPU_CDI_DIR"),
+        health_quiet_period: float = typer.Option(
+            300.0, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD", min=0.0,
+            help="seconds without a critical XID before an unhealthy GPU may recover",
+        ),
+        metrics_address: str | None = typer.Option(None, "--metrics-address", help="HOST:PORT for /metrics"),
+        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME"),
+        log_level: str = typer.Option("info", "--log-level"),
+    ) -> None:
+        """Serve GPUs to the kubelet (device-plugin API v1beta1), NVIDIA-compatible."""
+        _setup_logging(log_level)
+        socket, directory = _kubelet_paths(kubelet_socket, device_plugin_dir)
+        flags = _flags(
+            mig_strategy=mig_strategy,
+            fail_on_init_error=fail_on_init_error,
+            pass_device_specs=pass_device_specs,
+            device_list_strategy=device_list_strategy,
+            device_id_strategy=device_id_strategy,
+            mps_root=mps_root,
+        )
+        dev_root = os.environ.get("NVIDIA_DEV_ROOT") or os.environ.get("NVIDIA_DRIVER_ROOT") or "/"
+        options = {
+            "flags": flags,
+            "config": config,
+            "gpu_backend": gpu_backend,
+            "kubelet_socket": socket,
+            "plugin_dir": directory,
+            "cdi_dir": cdi_dir,
+            "relist_interval": relist_interval,
+            "mps_slices_file": mps_slices_file,
+            "health_quiet_period": health_quiet_period,
+            "metrics_address": metrics_address,
+            "node_name": node_name,
+            "control_devices": _control_devices(gpu_backend, dev_root),
+        }
+        asyncio.run(_serve(options))
+
+    @app.command("mps-control-daemon")
+    def mps_control_daemon(
+        config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
+        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml | sim:PATH"),
+        mps_root: str | None = typer.Option(None, "--mps-root"),
+        oneshot: bool = typer.Option(False, "--oneshot", help="configure, record and exit instead of waiting"),
+        log_level: str = typer.Option("info", "--log-level"),
+    ) -> None:
+        """Start and configure nvidia-cuda-mps-control per MPS resource (records the limits on a sim node)."""
+        from kubegpu.config.deviceplugin import effective_device_plugin_config
+        from kubegpu.deviceplugin.mps import MpsControl, find_mps_control, plans_for
+        from kubegpu.gpu.backend import open_backend
+
+        _setup_logging(log_level)
+        settings = effective_device_plugin_config(config, dict(os.environ), _flags(mps_root=mps_root))
+        backend = open_backend(gpu_backend)
+        gpus = backend.devices()
+        mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
+        plans = plans_for(gpus, mig, settings)
+        if not plans:
+            raise KubegpuError(f"{config or 'config'}: sharing.mps: no MPS-shared resources configured")
+        binary = None if gpu_backend.startswith("sim:") else find_mps_control()
+        control = MpsControl(Path(settings.flags.mps_root or "/run/nvidia/mps"), binary)
+        recorded = control.record(plans)
+        started = control.start(plans)
+        applied = " and applied" if started else ""
+        typer.echo(f"MPS limits for {len(plans)} resource(s) recorded in {recorded}{applied}")
+        if oneshot:
+            return
+        asyncio.run(_wait_for_term())
+        control.stop(plans)
+
+
+async def _wait_for_term() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

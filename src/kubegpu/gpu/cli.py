@@ -1,0 +1,133 @@
+"""`kubegpu sim-node`: make, poke and inspect simulated GPU nodes (the files `--gpu-backend sim:PATH` reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kubegpu.gpu.catalog import CATALOG
+from kubegpu.gpu.simulated import SimulatedBackend, State
+
+sim_node = typer.Typer(
+    help="Simulated GPU nodes: a JSON file that node-side commands use with --gpu-backend sim:PATH.",
+    no_args_is_help=True,
+)
+
+
+@sim_node.command("create")
+def create(
+    gpus: str = typer.Option(..., "--gpus", help="GPUs as COUNTxMODEL[,COUNTxMODEL...], e.g. 8xA100-SXM4-80GB or "
+                             f"4xH100-SXM5-80GB,4xL4. Models: {', '.join(CATALOG)}"),
+    out: Path = typer.Option(..., "--out", help="Node file to write (replaced if it exists)."),
+    node_name: str = typer.Option("sim-node", "--node-name", help="Node name; GPU UUIDs derive from it."),
+) -> None:
+    """Create a simulated node: MIG disabled on every GPU, idle, no events."""
+    backend = SimulatedBackend.create(out, gpus=gpus, node_name=node_name)
+    devices = backend.devices()
+    models = [d.model_key or d.product_name for d in devices]
+    typer.echo(f"created {out}: node {node_name} with {len(devices)} GPUs ({_summary(models)})")
+
+
+def _summary(models: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for model in models:
+        counts[model] = counts.get(model, 0) + 1
+    return ", ".join(f"{count}x{model}" for model, count in counts.items())
+
+
+@sim_node.command("inject-xid")
+def inject_xid(
+    node_file: Path = typer.Argument(..., help="Simulated node file."),
+    gpu: int = typer.Option(..., "--gpu", help="GPU index."),
+    xid: int = typer.Option(..., "--xid", min=1, help="XID error number, e.g. 79 (fallen off the bus), 48 (DBE)."),
+    gi: int | None = typer.Option(None, "--gi", help="Attribute the error to this GPU instance (MIG)."),
+) -> None:
+    """Raise an XID event on one GPU, as the driver would report it."""
+    event = SimulatedBackend(node_file).inject_xid(gpu, xid, gi_id=gi)
+    where = f" (GPU instance {gi})" if gi is not None else ""
+    typer.echo(f"XID {event.xid} raised on GPU {event.gpu_index}{where} at {event.timestamp:.3f}")
+
+
+@sim_node.command("set-load")
+def set_load(
+    node_file: Path = typer.Argument(..., help="Simulated node file."),
+    gpu: int = typer.Option(..., "--gpu", help="GPU index."),
+    util: float = typer.Option(..., "--util", min=0.0, max=100.0, help="GPU utilization, percent."),
+    memory: int = typer.Option(0, "--memory-mib", min=0, help="Memory in use, MiB."),
+    gi: int | None = typer.Option(None, "--gi", help="Set the load of this GPU instance (MIG) instead."),
+) -> None:
+    """Set what a GPU (or one MIG device) is doing; power, temperature and clocks follow from it."""
+    backend = SimulatedBackend(node_file)
+    backend.set_load(gpu, util, memory, gi_id=gi)
+    reading = backend.sample(gpu, gi)
+    typer.echo(f"GPU {gpu}{f' GI {gi}' if gi is not None else ''}: {reading.gpu_util:.0f}% busy, "
+               f"{reading.memory_used_mib} MiB used, {reading.power_w:.0f} W")
+
+
+@sim_node.command("show")
+def show(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
+    """Print the node: GPUs with their load, MIG devices with their placements, recent XID events."""
+    backend = SimulatedBackend(node_file)
+    state = backend.snapshot()
+    console = Console(width=200)
+    console.print(f"node [bold]{state['node_name']}[/bold] · driver {state['driver_version']} · CUDA "
+                  f"{'.'.join(map(str, state['cuda_driver_version']))} · {node_file}")
+    console.print(_gpu_table(backend))
+    mig_table = _mig_table(backend)
+    if mig_table.row_count:
+        console.print(mig_table)
+    if state["xid_events"]:
+        console.print(_xid_table(state))
+
+
+def _mig_mode(device_enabled: bool, pending: bool, capable: bool) -> str:
+    if not capable:
+        return "n/a"
+    mode = "on" if device_enabled else "off"
+    return f"{mode} (reset pending)" if pending else mode
+
+
+def _gpu_table(backend: SimulatedBackend) -> Table:
+    table = Table(title="GPUs")
+    for column in ("#", "model", "uuid", "pci bus", "numa", "MIG", "util %", "memory MiB", "temp °C", "power W",
+                   "processes"):
+        table.add_column(column)
+    for device in backend.devices():
+        reading = backend.sample(device.index)
+        table.add_row(
+            str(device.index), device.model_key or device.product_name, device.uuid, device.pci_bus_id,
+            str(device.numa_node), _mig_mode(device.mig_enabled, device.mig_pending, device.mig_capable),
+            f"{reading.gpu_util:.0f}", f"{reading.memory_used_mib}/{device.memory_mib}",
+            f"{reading.temperature_c:.0f}", f"{reading.power_w:.0f}",
+            str(len(backend.processes(device.index))),
+        )
+    return table
+
+
+def _mig_table(backend: SimulatedBackend) -> Table:
+    table = Table(title="MIG devices")
+    for column in ("gpu", "gi", "ci", "profile", "placement", "memory MiB", "SMs", "uuid"):
+        table.add_column(column)
+    for device in backend.devices():
+        for mig in backend.mig_devices(device.index):
+            table.add_row(str(mig.gpu_index), str(mig.gi_id), str(mig.ci_id), mig.profile_name,
+                          f"{mig.start}:{mig.size}", str(mig.memory_mib), str(mig.multiprocessors), mig.uuid)
+    return table
+
+
+def _xid_table(state: State, last: int = 10) -> Table:
+    table = Table(title=f"XID events (last {last})")
+    for column in ("gpu", "xid", "gi", "timestamp"):
+        table.add_column(column)
+    for event in state["xid_events"][-last:]:
+        gi = event.get("gi_id")
+        table.add_row(str(event["gpu_index"]), str(event["xid"]), "-" if gi is None else str(gi),
+                      f"{event['timestamp']:.3f}")
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sim_node, name="sim-node")

@@ -1,0 +1,280 @@
+"""The Cluster interface against a real API server, through lightkube's sync client.
+
+Built-in kinds use lightkube's typed resources; kubegpu's custom resources (and any kind registered later with
+`register_kind`) use `lightkube.generic_resource`. Objects go in and come out as plain dicts. API failures become
+the shared `ApiError` subclasses; an unreachable server becomes one `KubegpuError` line naming the server.
+
+Watches are read with our own loop over lightkube's request builder and line decoder (lightkube's `Client.watch`
+reconnects forever and cannot stop at a deadline): each request asks the server for ``timeoutSeconds`` and reads with
+a client-side deadline, so ``timeout`` holds even against servers that ignore ``timeoutSeconds``. ``timeout=0`` reads
+for a short window (`DRAIN_WINDOW_S`) — a remote server has no local queue to drain.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx2
+import lightkube
+from lightkube import ALL_NS
+from lightkube.core.exceptions import NotReadyError
+from lightkube.core.generic_client import WatchDriver
+from lightkube.core.selector import build_selector
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
+
+from kubegpu.clock import Clock, RealClock
+from kubegpu.errors import KubegpuError
+from kubegpu.kube.cluster import PATCH_TYPES, WatchEvent
+from kubegpu.kube.errors import ApiError, BadRequest, Invalid, NotFound, error_for
+from kubegpu.kube.resources import ResourceKind, resource_kind
+from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
+
+DRAIN_WINDOW_S = 0.3
+_TYPED: dict[str, Any] = {
+    "Node": Node, "Pod": Pod, "ConfigMap": ConfigMap, "Event": Event, "DaemonSet": DaemonSet, "Lease": Lease,
+    "PodDisruptionBudget": PodDisruptionBudget,
+}
+_PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": PatchType.STRATEGIC}
+
+
+class LightkubeCluster:
+    """Cluster over lightkube; ``client=None`` reads in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
+
+    def __init__(self, client: lightkube.Client | None = None, clock: Clock | None = None) -> None:
+        if client is None:
+            try:
+                client = lightkube.Client()
+            except lightkube.ConfigError as exc:
+                raise KubegpuError(f"no Kubernetes API configuration (in-cluster or kubeconfig): {exc}") from None
+        self.client = client
+        self.clock: Clock = clock or RealClock()
+
+    # ------------------------------------------------------------------ reads
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        spec, resource = _resource(kind)
+        with _api_errors(f"get {kind} {name}", self.client):
+            return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
+
+    def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> builtins.list[dict[str, Any]]:
+        return self.list_with_version(kind, namespace, label_selector, field_selector)[0]
+
+    def list_with_version(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        spec, resource = _resource(kind)
+        labels, fields = _selectors(kind, label_selector, field_selector)
+        with _api_errors(f"list {kind}", self.client):
+            listing = self.client.list(resource, namespace=_list_namespace(spec, namespace), labels=labels,
+                                       fields=fields)
+            items = [_as_dict(item) for item in listing]
+            try:
+                version = listing.resourceVersion
+            except NotReadyError:  # an empty first page may carry no resourceVersion
+                version = ""
+        items.sort(key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
+        return items, version
+
+    # ------------------------------------------------------------------ writes
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(obj, dict) or not obj.get("kind"):
+            raise Invalid(f"object to create: kind: Required value (got {type(obj).__name__})")
+        kind = str(obj["kind"])
+        spec, resource = _resource(kind)
+        body = dict(obj, apiVersion=spec.api_version, kind=kind)
+        metadata = dict(body.get("metadata") or {})
+        if spec.namespaced:
+            metadata["namespace"] = metadata.get("namespace") or "default"
+        else:
+            metadata.pop("namespace", None)
+        body["metadata"] = metadata
+        name = metadata.get("name") or metadata.get("generateName", "")
+        with _api_errors(f"create {kind} {name}", self.client):
+            created = self.client.create(resource.from_dict(body), namespace=metadata.get("namespace"))
+            return _as_dict(created)
+
+    def patch(
+        self,
+        kind: str,
+        name: str,
+        patch: dict[str, Any] | builtins.list[Any],
+        namespace: str | None = None,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        spec, resource = _resource(kind)
+        if patch_type not in PATCH_TYPES:
+            raise BadRequest(f"patch type {patch_type!r} is not one of {', '.join(PATCH_TYPES)}")
+        if subresource not in (None, "status") or (subresource == "status" and not spec.status_subresource):
+            raise NotFound(f"{kind} has no subresource {subresource!r}")
+        target = resource.Status if subresource == "status" else resource
+        with _api_errors(f"patch {kind} {name}", self.client):
+            patched = self.client.patch(target, name, patch, namespace=_namespace(spec, namespace),
+                                        patch_type=_PATCH_TYPES[patch_type])
+            return _as_dict(patched)
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
+        spec, resource = _resource(kind)
+        with _api_errors(f"delete {kind} {name}", self.client):
+            self.client.delete(resource, name, namespace=_namespace(spec, namespace))
+
+    # ------------------------------------------------------------------ watches
+    def watch(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[WatchEvent]:
+        spec, resource = _resource(kind)
+        labels, fields = _selectors(kind, label_selector, field_selector)
+        window = DRAIN_WINDOW_S if timeout == 0 else timeout
+        return self._stream(kind, spec, resource, namespace, labels, fields, resource_version, window)
+
+    def _stream(
+        self, kind: str, spec: ResourceKind, resource: Any, namespace: str | None, labels: dict[str, Any] | None,
+        fields: dict[str, Any] | None, resource_version: str | None, window: float | None,
+    ) -> Iterator[WatchEvent]:
+        deadline = None if window is None else time.monotonic() + window
+        generic = self.client._client  # lightkube's GenericSyncClient: request building and decoding
+        request = generic.prepare_request(
+            "list", res=resource, namespace=_list_namespace(spec, namespace), watch=True,
+            params={
+                "resourceVersion": resource_version,
+                "labelSelector": build_selector(labels) if labels else None,
+                "fieldSelector": build_selector(fields, for_fields=True) if fields else None,
+            },
+        )
+        driver = WatchDriver(request, generic._client.build_request)
+        params: dict[str, Any] = request.params
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            params["timeoutSeconds"] = None if remaining is None else max(1, math.ceil(remaining))
+            read_timeout = httpx2.Timeout(10.0, read=remaining)
+            with _api_errors(f"watch {kind}", self.client):
+                response = generic.send(driver.get_request(timeout=read_timeout), stream=True)
+                try:
+                    _raise_for_status(response)
+                    for line in response.iter_lines():
+                        if not line.strip():
+                            continue
+                        event_type, obj = driver.process_one_line(line)
+                        yield WatchEvent(event_type, _as_dict(obj))
+                        if deadline is not None and time.monotonic() >= deadline:
+                            return
+                except httpx2.ReadTimeout:
+                    return
+                finally:
+                    response.close()
+
+
+def _resource(kind: str) -> tuple[ResourceKind, Any]:
+    spec = resource_kind(kind)
+    typed = _TYPED.get(kind)
+    if typed is not None:
+        return spec, typed
+    create = create_namespaced_resource if spec.namespaced else create_global_resource
+    return spec, create(spec.group, spec.version, spec.kind, spec.plural)
+
+
+def _namespace(spec: ResourceKind, namespace: str | None) -> str | None:
+    return (namespace or "default") if spec.namespaced else None
+
+
+def _list_namespace(spec: ResourceKind, namespace: str | None) -> str | None:
+    return (namespace or ALL_NS) if spec.namespaced else None
+
+
+def _selectors(kind: str, label_selector: str | None, field_selector: str | None
+               ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """Our selector strings as lightkube's selector dicts (validated the same way as in the memory store)."""
+    labels: dict[str, Any] = {}
+    for requirement in parse_label_selector(label_selector).requirements:
+        if requirement.key in labels:
+            raise BadRequest(f"label selector {label_selector!r}: key {requirement.key!r} appears twice")
+        labels[requirement.key] = _label_value(requirement.operator, requirement.values)
+    fields: dict[str, Any] = {}
+    for field in parse_field_selector(field_selector, kind).requirements:
+        if field.path in fields:
+            raise BadRequest(f"field selector {field_selector!r}: field {field.path!r} appears twice")
+        fields[field.path] = lightkube.operators.not_equal(field.value) if field.negated else field.value
+    return labels or None, fields or None
+
+
+def _label_value(operator: str, values: frozenset[str]) -> Any:
+    ordered = sorted(values)
+    if operator == "exists":
+        return lightkube.operators.exists()
+    if operator == "!":
+        return lightkube.operators.not_exists()
+    if operator == "=":
+        return ordered[0]
+    if operator == "!=":
+        return lightkube.operators.not_equal(ordered[0])
+    if operator == "in":
+        return lightkube.operators.in_(ordered)
+    return lightkube.operators.not_in(ordered)
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    data = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+    return data if isinstance(data, dict) else {}
+
+
+def _raise_for_status(response: httpx2.Response) -> None:
+    if response.status_code < 400:
+        return
+    response.read()
+    try:
+        status = response.json()
+    except ValueError:
+        status = {}
+    message = status.get("message") or response.text[:200] or f"HTTP {response.status_code}"
+    raise error_for(int(status.get("code") or response.status_code), message, status.get("reason"))
+
+
+@contextmanager
+def _api_errors(action: str, client: lightkube.Client) -> Iterator[None]:
+    """Translate lightkube/httpx failures into ApiError subclasses or one KubegpuError line."""
+    try:
+        yield
+    except ApiError as exc:
+        raise error_for(exc.code, f"{action}: {exc}", exc.reason) from None
+    except lightkube.ApiError as exc:
+        status = exc.status
+        code = int(status.code or 500)
+        raise error_for(code, f"{action}: {status.message or status.reason}", status.reason) from None
+    except httpx2.HTTPStatusError as exc:  # an error body lightkube did not decode (not application/json)
+        response = exc.response
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        message = body.get("message") or f"HTTP {response.status_code}"
+        raise error_for(response.status_code, f"{action}: {message}", body.get("reason")) from None
+    except httpx2.TransportError as exc:
+        server = getattr(client.config.cluster, "server", "?")
+        raise KubegpuError(f"{action}: cannot reach the Kubernetes API server at {server}: {exc}") from None

@@ -1,0 +1,1 @@
+"""Kubelet device-plugin API v1beta1 (package `v1beta1`)."""

@@ -1,0 +1,56 @@
+"""Kubernetes resource quantities ("100m", "1Gi", "1e3") as plain floats.
+
+The scheduler compares amounts of cpu, memory and extended resources; a float is precise enough for every amount a
+node can hold (bytes up to 2**53 are exact) and far cheaper to add and compare than `decimal.Decimal`. Parsing is
+cached per string because the same handful of quantities ("1", "500m", "16Gi") repeat across thousands of pods.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from kubegpu.errors import ConfigError
+
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
+_DECIMAL = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+# Same shape as apimachinery's quantity grammar: a signed decimal number, then a binary suffix, a decimal suffix or a
+# decimal exponent ("e3", "E-2"). "E" alone is exa; "E" followed by digits is an exponent.
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)$")
+
+
+def parse_quantity(value: str | int | float) -> float:
+    """Return the quantity as a float in base units ("100m" → 0.1, "1Gi" → 1073741824.0).
+
+    Raises `ConfigError` naming the value when it is not a Kubernetes quantity.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"invalid quantity {value!r}: expected a number or a string like '500m' or '4Gi'")
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"invalid quantity {value!r}: expected a number or a string like '500m' or '4Gi'")
+    return _parse_string(value)
+
+
+@lru_cache(maxsize=4096)
+def _parse_string(text: str) -> float:
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise ConfigError(f"invalid quantity {text!r}: expected a number with an optional suffix like '500m' or '4Gi'")
+    number, suffix = match.groups()
+    if suffix in _BINARY:
+        return float(number) * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return float(number) * _DECIMAL[suffix]
+    return float(number) * 10.0 ** int(suffix[1:])
+
+
+def format_quantity(value: float) -> str:
+    """A compact string for a quantity (integers plain, others in milli-units), for messages and objects."""
+    if float(value).is_integer():
+        return str(int(value))
+    milli = value * 1000.0
+    if abs(milli - round(milli)) < 1e-6:
+        return f"{round(milli)}m"
+    return repr(float(value))

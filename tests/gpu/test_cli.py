@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from kubegpu.errors import KubegpuError
+from kubegpu.gpu.cli import register
+from kubegpu.gpu.simulated import SimulatedBackend
+
+runner = CliRunner()
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def root() -> None:
+        """Keeps sim-node a sub-command group even when it is the only one."""
+
+    return app
+
+
+def test_create_inject_show(tmp_path: Path) -> None:
+    app = _app()
+    node = tmp_path / "node.json"
+    created = runner.invoke(app, ["sim-node", "create", "--gpus", "4xH100-SXM5-80GB,4xL4", "--out", str(node),
+                                  "--node-name", "gpu-node-1"])
+    assert created.exit_code == 0, created.output
+    assert "8 GPUs (4xH100-SXM5-80GB, 4xL4)" in created.output
+    state = json.loads(node.read_text())
+    assert state["node_name"] == "gpu-node-1"
+    assert [g["model"] for g in state["gpus"]] == ["H100-SXM5-80GB"] * 4 + ["L4"] * 4
+
+    injected = runner.invoke(app, ["sim-node", "inject-xid", str(node), "--gpu", "0", "--xid", "79"])
+    assert injected.exit_code == 0, injected.output
+    assert [(e.gpu_index, e.xid) for e in SimulatedBackend(node).xid_events(-1.0)] == [(0, 79)]
+
+    loaded = runner.invoke(app, ["sim-node", "set-load", str(node), "--gpu", "5", "--util", "75",
+                                 "--memory-mib", "900"])
+    assert loaded.exit_code == 0, loaded.output
+    reading = SimulatedBackend(node).sample(5)
+    assert (reading.gpu_util, reading.memory_used_mib) == (75.0, 900)
+    out_of_range = runner.invoke(app, ["sim-node", "set-load", str(node), "--gpu", "5", "--util", "130"])
+    assert out_of_range.exit_code == 2  # typer's usage error: one line, no traceback
+
+    backend = SimulatedBackend(node)
+    backend.set_mig_mode(0, True)
+    backend.create_mig_device(0, 9, 4)
+    shown = runner.invoke(app, ["sim-node", "show", str(node)])
+    assert shown.exit_code == 0, shown.output
+    assert "gpu-node-1" in shown.output
+    assert "3g.40gb" in shown.output and "4:4" in shown.output  # the MIG device and its placement
+    assert "79" in shown.output  # the XID event
+    assert shown.output.count("L4") >= 4
+
+
+def test_errors_are_kubegpu_errors(tmp_path: Path) -> None:
+    app = _app()
+    bad_model = runner.invoke(app, ["sim-node", "create", "--gpus", "8xV100", "--out", str(tmp_path / "n.json")])
+    assert isinstance(bad_model.exception, KubegpuError)
+    assert "V100" in str(bad_model.exception) and "A100-SXM4-80GB" in str(bad_model.exception)
+    missing = runner.invoke(app, ["sim-node", "show", str(tmp_path / "none.json")])
+    assert isinstance(missing.exception, KubegpuError)
+    SimulatedBackend.create(tmp_path / "n.json", gpus="1xL4")
+    bad_gpu = runner.invoke(app, ["sim-node", "inject-xid", str(tmp_path / "n.json"), "--gpu", "3", "--xid", "79"])
+    assert isinstance(bad_gpu.exception, KubegpuError)
+    assert "no GPU 3" in str(bad_gpu.exception)
+
+
+def _kubegpu() -> list[str]:
+    script = shutil.which("kubegpu", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-c", "from kubegpu.cli import main; main()"]
+
+
+def test_real_subprocess_round_trip(tmp_path: Path) -> None:
+    node = tmp_path / "node.json"
+    ok = subprocess.run([*_kubegpu(), "sim-node", "create", "--gpus", "8xA100-SXM4-80GB", "--out", str(node)],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert len(SimulatedBackend(node).devices()) == 8
+    bad = subprocess.run([*_kubegpu(), "sim-node", "create", "--gpus", "2xA200", "--out", str(node)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().startswith("error: unknown GPU model 'A200'; known: A100-SXM4-40GB")
+    assert len(bad.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert len(SimulatedBackend(node).devices()) == 8  # the existing node file is left alone

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kubegpu.clock import VirtualClock
+from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
+from kubegpu.gpu.backend import BackendUnavailable, GpuBackend, GpuBackendError, open_backend
+from kubegpu.gpu.simulated import SimulatedBackend, parse_gpu_spec
+
+
+def test_gpu_spec_parsing() -> None:
+    assert [m.key for m in parse_gpu_spec("2xH100-SXM5-80GB,1xL4")] == ["H100-SXM5-80GB"] * 2 + ["L4"]
+    assert [m.key for m in parse_gpu_spec("T4")] == ["T4"]
+    with pytest.raises(NotFoundError, match=r"'V100'.*A100-SXM4-80GB"):
+        parse_gpu_spec("8xV100")
+    with pytest.raises(ConfigError, match="at least 1"):
+        parse_gpu_spec("0xL4")
+    with pytest.raises(ConfigError, match="names no GPUs"):
+        parse_gpu_spec(" , ")
+
+
+def test_uuids_are_deterministic_per_node_name() -> None:
+    first = SimulatedBackend(None, gpus="2xL4", node_name="a").devices()
+    again = SimulatedBackend(None, gpus="2xL4", node_name="a").devices()
+    other = SimulatedBackend(None, gpus="2xL4", node_name="b").devices()
+    assert [d.uuid for d in first] == [d.uuid for d in again]
+    assert not {d.uuid for d in first} & {d.uuid for d in other}
+
+
+def test_hopper_toggles_mig_at_once_and_non_mig_gpus_refuse() -> None:
+    backend = SimulatedBackend(None, gpus="1xH100-SXM5-80GB,1xL4")
+    assert backend.set_mig_mode(0, True) is False
+    assert backend.devices()[0].mig_enabled
+    assert backend.create_mig_device(0, 0, 0).multiprocessors == 132
+    with pytest.raises(GpuBackendError, match="not MIG-capable"):
+        backend.set_mig_mode(1, True)
+    assert not backend.devices()[1].mig_capable
+
+
+def test_reboot_applies_pending_modes_and_drops_mig_devices() -> None:
+    backend = SimulatedBackend(None, gpus="2xA100-SXM4-80GB")
+    backend.set_mig_mode(0, True)
+    backend.reset_gpu(0)
+    backend.create_mig_device(0, 0, 0)
+    backend.set_mig_mode(1, True)
+    backend.add_process(1, 7, 100)
+    with pytest.raises(GpuBackendError, match="in use by process"):
+        backend.reset_gpu(1)
+    backend.reboot()
+    assert [d.mig_enabled for d in backend.devices()] == [True, True]
+    assert backend.mig_devices(0) == []
+    assert backend.processes(1) == []
+
+
+def test_pending_disable_can_be_cancelled() -> None:
+    backend = SimulatedBackend(None, gpus="1xA100-SXM4-40GB")
+    assert backend.set_mig_mode(0, True) is True
+    assert backend.set_mig_mode(0, False) is False  # back to the current mode: nothing pending
+    assert not backend.devices()[0].mig_pending
+
+
+def test_load_drives_power_energy_and_mig_utilization() -> None:
+    clock = VirtualClock(0.0)
+    backend = SimulatedBackend(None, gpus="1xA100-SXM4-80GB", clock=clock)
+    idle = backend.sample(0)
+    backend.set_load(0, 100.0, 4096)
+    busy = backend.sample(0)
+    assert busy.power_w > idle.power_w and busy.temperature_c > idle.temperature_c
+    assert busy.sm_clock_mhz > idle.sm_clock_mhz
+    clock.advance(10.0)
+    assert backend.sample(0).energy_mj == pytest.approx(busy.power_w * 10 * 1000, rel=1e-6)
+    backend.set_load(0, 0.0, 0, power_w=50.0)
+    clock.advance(2.0)
+    assert backend.sample(0).energy_mj == pytest.approx(busy.power_w * 10 * 1000 + 50.0 * 2 * 1000, rel=1e-6)
+    backend.set_mig_mode(0, True)
+    backend.reset_gpu(0)
+    seven = backend.create_mig_device(0, 0, 0)
+    backend.set_load(0, 60.0, 1000, gi_id=seven.gi_id)
+    assert backend.sample(0, seven.gi_id).graphics_engine_active == pytest.approx(0.6)
+    assert backend.sample(0).gpu_util == pytest.approx(60.0)
+    with pytest.raises(GpuBackendError, match=r"outside 0\.\.100"):
+        backend.set_load(0, 150.0, 0)
+
+
+def test_xid_log_is_bounded() -> None:
+    backend = SimulatedBackend(None, gpus="1xL4")
+    for _ in range(1005):
+        backend.inject_xid(0, 31)
+    assert len(backend.xid_events(-1.0)) == 1000
+
+
+def test_file_state_is_shared_between_backends(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    writer = SimulatedBackend.create(path, gpus="2xA100-SXM4-80GB", node_name="n1")
+    reader = SimulatedBackend(path)
+    before = reader.generation()
+    writer.set_mig_mode(0, True)
+    writer.reset_gpu(0)
+    made = writer.create_mig_device(0, 9, 0)
+    assert reader.mig_devices(0)[0].uuid == made.uuid
+    assert reader.generation() == before + 3
+    assert reader.node_name == "n1"
+    assert json.loads(path.read_text())["kind"] == "kubegpu-sim-node"
+
+
+def test_a_refused_change_leaves_the_file_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    backend = SimulatedBackend.create(path, gpus="1xA100-SXM4-80GB")
+    text = path.read_text()
+    with pytest.raises(GpuBackendError):
+        backend.create_mig_device(0, 9, 4)  # MIG not enabled
+    assert path.read_text() == text
+
+
+def test_bad_node_files_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable, match="not found; create it with"):
+        SimulatedBackend(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"broken\.json: not valid JSON"):
+        SimulatedBackend(broken).devices()
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"kind": "something-else"}))
+    with pytest.raises(ConfigError, match="not a kubegpu simulated node file"):
+        SimulatedBackend(wrong).devices()
+    bad_model = tmp_path / "model.json"
+    state = SimulatedBackend(None, gpus="1xL4").snapshot()
+    state["gpus"][0]["model"] = "V100"
+    bad_model.write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"gpus\[0\]\.model: unknown GPU model 'V100'"):
+        SimulatedBackend(bad_model).devices()
+    with pytest.raises(KubegpuError, match="needs gpus"):
+        SimulatedBackend(None)
+
+
+def test_open_backend_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "node.json"
+    SimulatedBackend.create(path, gpus="1xT4")
+    backend = open_backend(f"sim:{path}")
+    assert isinstance(backend, GpuBackend)
+    assert backend.devices()[0].product_name == "Tesla T4"
+    for bad in ["cuda", "sim:", "sim", "nvml:x", ""]:
+        with pytest.raises(KubegpuError, match="unknown GPU backend"):
+            open_backend(bad)
+    from tests.fakes.fake_pynvml import FakeNvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(library_present=False))
+    with pytest.raises(BackendUnavailable, match=r"^NVML library not found: "):
+        open_backend("nvml")
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from kubegpu.gpu.simulated import SimulatedBackend
+    backend = SimulatedBackend(sys.argv[1])
+    base = int(sys.argv[2])
+    for k in range(40):
+        backend.add_process(k % 4, base + k, 10)
+        backend.inject_xid(k % 4, 13)
+""")
+
+
+def test_two_processes_writing_at_once_do_not_corrupt_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    SimulatedBackend.create(path, gpus="4xA100-SXM4-80GB")
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(base)]) for base in (1000, 2000)]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    backend = SimulatedBackend(path)
+    pids = sorted(p.pid for i in range(4) for p in backend.processes(i))
+    assert pids == list(range(1000, 1040)) + list(range(2000, 2040))  # no lost update
+    assert len(backend.xid_events(-1.0)) == 80
+    assert backend.generation() == 160
