@@ -124,7 +124,7 @@ def test_registered_kinds_extend_detection(
     monkeypatch.setattr(config_pkg._REGISTRY, "kinds", kinds)  # restored after the test
 
     def detect(data: object) -> bool:
-        return isinstance(data, dict) and data.get("kind") == "Scenario"
+        return isinstance(data, dict) and data.get("kind") == "TestWidget"
 
     def validate(data: object, source: str, options: ValidationOptions) -> str:
         assert isinstance(data, dict)
@@ -132,15 +132,15 @@ def test_registered_kinds_extend_detection(
             raise ConfigError(f"{source}: pods: must be an integer")
         return f"{data['pods']} pods"
 
-    register_validator("scenario", detect, validate)
+    register_validator("test-widget", detect, validate)
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
-    good.write_text("kind: Scenario\npods: 3\n")
-    bad.write_text("kind: Scenario\npods: many\n")
-    assert run(cli_app, str(good))[:2] == (0, [f"{good}: valid scenario (3 pods)"])
+    good.write_text("kind: TestWidget\npods: 3\n")
+    bad.write_text("kind: TestWidget\npods: many\n")
+    assert run(cli_app, str(good))[:2] == (0, [f"{good}: valid test-widget (3 pods)"])
     assert run(cli_app, str(bad))[::2] == (1, [f"error: {bad}: pods: must be an integer"])
-    assert [k.name for k in config_pkg.registered_kinds()][-1] == "scenario"
-    register_validator("scenario", detect, lambda data, source, options: "replaced")
-    assert run(cli_app, str(good))[1] == [f"{good}: valid scenario (replaced)"]
+    assert [k.name for k in config_pkg.registered_kinds()][-1] == "test-widget"
+    register_validator("test-widget", detect, lambda data, source, options: "replaced")
+    assert run(cli_app, str(good))[1] == [f"{good}: valid test-widget (replaced)"]
 
 
 def test_help_is_available(cli_app: typer.Typer) -> None:

@@ -1,0 +1,128 @@
+"""The discovery agent's edges: read the node's facts, write labels to an NFD file or onto the Node, repeat.
+
+The label set itself comes from `kubegpu.discovery.labels.compute_labels` (pure). This module holds the I/O around
+it: reading the backend and the DMI machine name, the two sinks GFD supports (an NFD `features.d` file, written
+atomically and removed on exit; or the Node's labels through the Cluster interface), and the sleep loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from kubegpu.discovery.labels import compute_labels, format_features_file, node_label_patch
+from kubegpu.errors import KubegpuError
+
+if TYPE_CHECKING:
+    from kubegpu.gpu.backend import GpuBackend
+    from kubegpu.kube import Cluster
+
+
+def read_machine_type(path: Path | str) -> str | None:
+    """The DMI product name (`NVIDIA DGX A100`); None when unreadable, which GFD labels `unknown`."""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def discover_labels(backend: GpuBackend, config: object, machine: str | None, now: float | None) -> dict[str, str]:
+    """Read the backend once and compute the full label set."""
+    gpus = sorted(backend.devices(), key=lambda g: g.index)
+    mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
+    return compute_labels(gpus, mig, config, backend.driver_version(), backend.cuda_driver_version(), machine, now)
+
+
+class LabelSink(Protocol):
+    def write(self, labels: dict[str, str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FeatureFileSink:
+    """An NFD `features.d` file: replaced atomically (temp file + rename) so NFD never reads half a file.
+
+    The temp file starts with a dot in the same directory: NFD skips hidden files, and a rename within one
+    directory is atomic. `close` removes the file, so labels vanish when discovery stops, as GFD's do.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def write(self, labels: dict[str, str]) -> None:
+        directory = self.path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
+        except OSError as exc:
+            raise KubegpuError(f"output file {self.path}: cannot write: {exc.strerror or exc}") from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(format_features_file(labels))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+class NodeLabelSink:
+    """The Node's own labels: sets what changed, removes GFD labels that no longer apply, leaves the rest alone."""
+
+    def __init__(self, cluster: Cluster, node_name: str) -> None:
+        self.cluster = cluster
+        self.node_name = node_name
+
+    def write(self, labels: dict[str, str]) -> None:
+        node = self.cluster.get("Node", self.node_name)
+        current = (node.get("metadata") or {}).get("labels") or {}
+        patch = node_label_patch(current, labels)
+        if patch:
+            self.cluster.patch("Node", self.node_name, {"metadata": {"labels": patch}})
+
+    def close(self) -> None:
+        """Labels stay on the Node when the agent stops: a restart should not make pods unschedulable."""
+
+
+def run_discovery(
+    read_labels: Callable[[], dict[str, str]],
+    sink: LabelSink,
+    stop: threading.Event,
+    interval: float | None,
+    oneshot: bool,
+    on_error: Callable[[KubegpuError], None] | None = None,
+) -> int:
+    """Label now, then every `interval` seconds (None: never again) until `stop`; returns the number of passes.
+
+    The first pass fails loudly (a bad config or an unreachable backend should stop a fresh agent); after that a
+    failed pass (an API server blip, a driver hiccup) goes to `on_error` and the next pass tries again, so labels
+    already written are not withdrawn for a transient fault. A long-running agent closes its sink on the way out,
+    whatever ends the loop (SIGTERM sets `stop`); a oneshot run leaves its labels in place, its whole point.
+    """
+    passes = 0
+    try:
+        while True:
+            try:
+                sink.write(read_labels())
+                passes += 1
+            except KubegpuError as exc:
+                if passes == 0 or on_error is None:
+                    raise
+                on_error(exc)
+            if oneshot or stop.is_set():
+                return passes
+            if stop.wait(interval):
+                return passes
+    finally:
+        if not oneshot:
+            sink.close()

@@ -1,0 +1,123 @@
+"""`kubegpu discover`: GPU feature discovery with NVIDIA GFD's flags, env vars and config file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from kubegpu.errors import ConfigError, KubegpuError
+
+if TYPE_CHECKING:
+    from kubegpu.config.deviceplugin import DevicePluginConfig
+
+DISCOVER_HELP = (
+    "Label the node with every GPU feature discovery label (NVIDIA GFD names): to an NFD features.d file, "
+    "or straight onto the Node with --kubernetes."
+)
+
+
+def sleep_interval_seconds(text: str) -> float | None:
+    """`60s` → 60.0; `infinite` → None (label once, then wait for a signal), as GFD's --sleep-interval."""
+    from kubegpu.config.deviceplugin import parse_go_duration
+
+    if text.strip() == "infinite":
+        return None
+    try:
+        seconds = parse_go_duration(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"flags.gfd.sleepInterval: {exc}") from None
+    if seconds <= 0:
+        raise ConfigError(f"flags.gfd.sleepInterval: must be positive, got {text!r}")
+    return seconds
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("discover", help=DISCOVER_HELP)
+    def discover(
+        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND",
+                                        help="'nvml' or 'sim:PATH'"),
+        config_file: Path | None = typer.Option(None, "--config", "--config-file",
+                                                help="device plugin config (NVIDIA v1); env CONFIG_FILE"),
+        mig_strategy: str | None = typer.Option(None, "--mig-strategy", help="none|single|mixed; env MIG_STRATEGY"),
+        oneshot: bool | None = typer.Option(None, "--oneshot/--no-oneshot", help="label once and exit; GFD_ONESHOT"),
+        no_timestamp: bool | None = typer.Option(None, "--no-timestamp/--timestamp",
+                                                 help="leave out nvidia.com/gfd.timestamp; GFD_NO_TIMESTAMP"),
+        sleep_interval: str | None = typer.Option(None, "--sleep-interval",
+                                                  help="time between passes (60s, infinite); GFD_SLEEP_INTERVAL"),
+        output_file: str | None = typer.Option(None, "--output-file", "-o", help="NFD features file; GFD_OUTPUT_FILE"),
+        machine_type_file: str | None = typer.Option(None, "--machine-type-file",
+                                                     help="DMI product name file; GFD_MACHINE_TYPE_FILE"),
+        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="this node's name"),
+        kubernetes: bool = typer.Option(False, "--kubernetes", help="patch the Node's labels instead of a file"),
+    ) -> None:
+        from kubegpu.config.deviceplugin import effective_device_plugin_config
+
+        flags: dict[str, Any] = {
+            "mig-strategy": mig_strategy, "oneshot": oneshot, "no-timestamp": no_timestamp,
+            "sleep-interval": sleep_interval, "output-file": output_file, "machine-type-file": machine_type_file,
+        }
+        def load_config() -> DevicePluginConfig:
+            return effective_device_plugin_config(config_file, os.environ, flags)
+
+        config = load_config()
+        interval = sleep_interval_seconds(config.flags.gfd.sleep_interval)
+        if kubernetes and not node_name:
+            raise KubegpuError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
+        _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None)
+
+
+def _run(
+    backend_spec: str,
+    load_config: Callable[[], DevicePluginConfig],
+    config: DevicePluginConfig,
+    interval: float | None,
+    node_name: str | None,
+) -> None:
+    """The agent: where the labels go and when come from the first config; each pass re-reads the file, so an
+    edited config (sharing, MIG strategy) is labelled at the next pass without a restart; SIGHUP is harmless."""
+    from kubegpu.clock import RealClock
+    from kubegpu.discovery.agent import (
+        FeatureFileSink,
+        LabelSink,
+        NodeLabelSink,
+        discover_labels,
+        read_machine_type,
+        run_discovery,
+    )
+    from kubegpu.gpu.backend import open_backend
+
+    gfd = config.flags.gfd
+    backend = open_backend(backend_spec)
+    sink: LabelSink
+    if node_name:
+        from kubegpu.kube.lightkube_cluster import LightkubeCluster
+
+        sink = NodeLabelSink(LightkubeCluster(), node_name)
+        target = f"node {node_name}"
+    else:
+        sink = FeatureFileSink(gfd.output_file)
+        target = gfd.output_file
+    clock = RealClock()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: None)  # config-manager's "reload": the next pass re-reads the file
+    first = [config]
+
+    def read_labels() -> dict[str, str]:
+        current = first.pop() if first else load_config()
+        machine = read_machine_type(gfd.machine_type_file)
+        return discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
+
+    try:
+        passes = run_discovery(read_labels, sink, stop, interval, gfd.oneshot,
+                               on_error=lambda exc: typer.echo(f"warning: labelling pass failed: {exc}", err=True))
+    finally:
+        backend.close()
+    typer.echo(f"discover: {passes} labelling pass(es) written to {target}", err=True)
