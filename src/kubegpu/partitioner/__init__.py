@@ -1,0 +1,1 @@
+"""Dynamic MIG and MPS partitioning: a pure planner, the controller, the node agent and simulator strategies."""

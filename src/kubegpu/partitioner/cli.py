@@ -1,0 +1,145 @@
+"""`kubegpu plan`, `kubegpu partitioner` and `kubegpu partition-agent`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kubegpu.clock import RealClock
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.exporter.attribution import DEFAULT_POD_RESOURCES_SOCKET
+from kubegpu.partitioner.planner import NodeInput, Plan, plan
+from kubegpu.partitioner.state import load_state, plan_to_json, planner_inputs
+
+log = logging.getLogger("kubegpu.partitioner")
+
+
+def plan_command(
+    state: Path = typer.Option(..., "--state", help="Cluster state file (YAML or JSON): nodes and pending pods."),
+    output: str = typer.Option("table", "--output", "-o", help="json or table"),
+) -> None:
+    """Plan MIG/MPS layouts for a cluster state offline: which pods a re-cut would make schedulable."""
+    if output not in ("json", "table"):
+        raise ConfigError(f"--output: must be json or table, not {output!r}")
+    nodes, pods = planner_inputs(load_state(state), str(state))
+    result = plan(nodes, pods)
+    if output == "json":
+        typer.echo(json.dumps(plan_to_json(result, nodes), indent=2))
+    else:
+        _print_table(result, nodes)
+
+
+def _print_table(result: Plan, nodes: list[NodeInput]) -> None:
+    console = Console()
+    table = Table(title="New layouts")
+    for column in ("node", "gpu", "model", "layout", "created", "destroyed", "note"):
+        table.add_column(column)
+    doc = plan_to_json(result, nodes)
+    for node in doc["nodes"]:
+        for gpu in node["gpus"]:
+            layout = gpu.get("layout") or ",".join(i["profile"] for i in gpu["instances"]) or "-"
+            table.add_row(node["name"], str(gpu["index"]), gpu["model"], layout, str(gpu["created"]),
+                          str(gpu["destroyed"]), gpu.get("error", ""))
+    console.print(table)
+    pods = Table(title="Pods")
+    pods.add_column("pod")
+    pods.add_column("result")
+    for key, where in result.assignments.items():
+        pods.add_row(key, f"schedulable on {where}")
+    for key, reason in result.unschedulable.items():
+        pods.add_row(key, f"unschedulable: {reason}")
+    console.print(pods)
+
+
+def partitioner_command(
+    batch_window_timeout: float = typer.Option(60.0, "--batch-window-timeout",
+                                               help="Seconds from a batch's first pod."),
+    batch_window_idle: float = typer.Option(10.0, "--batch-window-idle", help="Seconds without a new pod."),
+    interval: float = typer.Option(5.0, "--interval", help="Seconds between reconcile passes."),
+    identity: str = typer.Option("", "--identity", help="Leader-election identity (default: host name)."),
+    lease_namespace: str = typer.Option("kube-system", "--lease-namespace"),
+    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
+    once: bool = typer.Option(False, "--once", help="Run one reconcile pass and exit."),
+) -> None:
+    """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.partitioner.controller import LeaderElector, PartitionerController
+
+    if min(batch_window_timeout, batch_window_idle) < 0:
+        raise ConfigError("--batch-window-timeout, --batch-window-idle: must be >= 0 (0 plans on the first pass)")
+    if interval <= 0 or lease_duration <= 0:
+        raise ConfigError("--interval, --lease-duration: must be > 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster = LightkubeCluster()
+    me = identity or socket.gethostname()
+    controller = PartitionerController(
+        cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
+        elector=LeaderElector(cluster, me, namespace=lease_namespace, lease_duration=lease_duration),
+    )
+    clock = RealClock()
+    while True:
+        try:
+            controller.tick(clock.now())
+        except KubegpuError as exc:  # an API hiccup: say so and try again next pass
+            if once:
+                raise
+            log.error("reconcile failed: %s", exc)
+        if once:
+            return
+        time.sleep(interval)
+
+
+def partition_agent_command(
+    node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="The Node this agent runs on."),
+    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml or sim:PATH"),
+    mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
+                                                help="MPS memory-slice file the device plugin reads."),
+    pod_resources_socket: Path = typer.Option(
+        Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-kubelet-socket",
+        help="The kubelet's PodResources socket: instances allocated to containers count as in use. "
+             "When the socket does not exist, only instances with processes count."),
+    interval: float = typer.Option(10.0, "--interval", help="Seconds between apply/report passes."),
+    once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
+) -> None:
+    """Apply the partitioner's desired MIG/MPS layout on this node and report its status."""
+    from kubegpu.exporter.attribution import PodResourcesClient
+    from kubegpu.gpu.backend import open_backend
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.partitioner.agent import PartitionAgent
+
+    if interval <= 0:
+        raise ConfigError(f"--interval: must be > 0, got {interval}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    backend = open_backend(gpu_backend)
+    try:
+        allocations = PodResourcesClient(pod_resources_socket).list if pod_resources_socket.exists() else None
+        agent = PartitionAgent(LightkubeCluster(), backend, node_name, mps_slices_file, allocations)
+        while True:
+            try:
+                report = agent.tick()
+            except KubegpuError as exc:  # an API or driver hiccup: say so and try again next pass
+                if once:
+                    raise
+                log.error("pass failed: %s", exc)
+                report = None
+            if report is not None:
+                log.info("plan %s: created %s destroyed %s refused %s", agent.applied_plan, report.created,
+                         report.destroyed, report.refused)
+            if once:
+                return
+            time.sleep(interval)
+    finally:
+        backend.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
+    app.command("partitioner")(partitioner_command)
+    app.command("partition-agent")(partition_agent_command)

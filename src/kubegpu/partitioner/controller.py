@@ -1,0 +1,345 @@
+"""The partitioner controller: batches pending pods, plans on a snapshot, writes desired layouts to nodes.
+
+Driven by `tick(now)` on a `Cluster`, so the same code runs against a real API server (the `kubegpu partitioner`
+loop), the in-memory store in tests, and the simulator's virtual clock. Differences from nos (reference §3.3):
+a node whose last plan is not applied yet is left out of the next plan instead of blocking every node, and pods
+the in-flight plan already serves are not planned twice; unknown GPU models and impossible requests become Events,
+never crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubegpu.errors import KubegpuError, NotFoundError
+from kubegpu.gpu.catalog import get_model
+from kubegpu.kube import Cluster, Conflict, NotFound, record_event
+from kubegpu.partitioner import annotations as ann
+from kubegpu.partitioner.planner import (
+    CurrentInstance,
+    GpuInput,
+    Mode,
+    MpsSlice,
+    NodeInput,
+    Plan,
+    is_partition_resource,
+    plan,
+    pod_key,
+)
+from kubegpu.scheduling import pod_requests
+
+log = logging.getLogger("kubegpu.partitioner")
+COMPONENT = "kubegpu-partitioner"
+
+
+# --- batching -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batcher:
+    """nos's batch window: the first pod arms `timeout`, every new pod re-arms `idle`; whichever passes first fires.
+
+    Collecting pods for a while lets one plan serve many of them (fewer, better re-cuts) at a bounded delay.
+    """
+
+    timeout: float = 60.0
+    idle: float = 10.0
+    items: set[str] = field(default_factory=set)
+    first_at: float | None = None
+    last_at: float | None = None
+
+    def add(self, key: str, now: float) -> None:
+        if key in self.items:
+            return
+        self.items.add(key)
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+
+    def discard(self, keys: Iterable[str]) -> None:
+        self.items.difference_update(keys)
+        if not self.items:
+            self.reset()
+
+    def ready(self, now: float) -> bool:
+        if not self.items or self.first_at is None or self.last_at is None:
+            return False
+        return now - self.first_at >= self.timeout or now - self.last_at >= self.idle
+
+    def next_deadline(self) -> float | None:
+        """When `ready` turns true if no pod arrives: lets a simulator jump straight there."""
+        if self.first_at is None or self.last_at is None:
+            return None
+        return min(self.first_at + self.timeout, self.last_at + self.idle)
+
+    def reset(self) -> None:
+        self.items.clear()
+        self.first_at = self.last_at = None
+
+
+# --- leader election ------------------------------------------------------------------------------------------
+
+
+def _micro_time(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_micro_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text.replace("+00:00", "Z"), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+
+
+@dataclass
+class LeaderElector:
+    """A `coordination.k8s.io/v1` Lease held by one replica; others take it over only once it has expired.
+
+    Every write carries the resourceVersion it read, so when two replicas race for an expired lease the API server
+    lets exactly one write through (409 for the other).
+    """
+
+    cluster: Cluster
+    identity: str
+    name: str = "kubegpu-partitioner"
+    namespace: str = "kube-system"
+    lease_duration: float = 15.0
+
+    def try_acquire(self, now: float) -> bool:
+        try:
+            lease = self.cluster.get("Lease", self.name, self.namespace)
+        except NotFound:
+            return self._create(now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        renewed = _parse_micro_time(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        expired = renewed is None or now >= renewed + duration
+        if holder not in (None, "", self.identity) and not expired:
+            return False
+        patch_spec: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": _micro_time(now),
+                                      "leaseDurationSeconds": int(self.lease_duration)}
+        if holder != self.identity:
+            patch_spec["acquireTime"] = _micro_time(now)
+            patch_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        rv = (lease.get("metadata") or {}).get("resourceVersion")
+        try:
+            self.cluster.patch("Lease", self.name, {"metadata": {"resourceVersion": rv}, "spec": patch_spec},
+                               namespace=self.namespace)
+        except Conflict:
+            return False
+        return True
+
+    def _create(self, now: float) -> bool:
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
+                     "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0},
+        }
+        try:
+            self.cluster.create(lease)
+        except Conflict:
+            return False
+        return True
+
+
+# --- pods and nodes -------------------------------------------------------------------------------------------
+
+
+def could_help(pod: Mapping[str, Any]) -> bool:
+    """A pending, unbound pod asking for a MIG or MPS slice, not owned by a DaemonSet, not nominated anywhere."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName") or status.get("nominatedNodeName"):
+        return False
+    if (status.get("phase") or "Pending") != "Pending":
+        return False
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if any(o.get("kind") == "DaemonSet" for o in owners):
+        return False
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            return False
+    try:
+        return any(is_partition_resource(r) for r in pod_requests(pod))
+    except KubegpuError:
+        return False
+
+
+def node_mode(node: Mapping[str, Any]) -> Mode | None:
+    value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
+    return "mig" if value == "mig" else "mps" if value == "mps" else None
+
+
+def in_flight(node: Mapping[str, Any]) -> bool:
+    """The node has been given a plan its agent has not reported yet."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    spec = annotations.get(ann.SPEC_PLAN)
+    return spec is not None and annotations.get(ann.STATUS_PLAN) != spec
+
+
+def node_input(node: dict[str, Any], pods: Iterable[dict[str, Any]]) -> tuple[NodeInput | None, list[str]]:
+    """The planner's view of a node, rebuilt from the agent's status annotations (None until it has reported)."""
+    mode = node_mode(node)
+    if mode is None:
+        return None, []
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    reported, errors = ann.parse_status(annotations, mode)
+    if not reported:
+        return None, errors
+    gpus = []
+    for gpu in reported:
+        try:
+            model = get_model(gpu.model_key)
+        except NotFoundError:
+            model = None
+        gpus.append(GpuInput(
+            index=gpu.index, model_key=gpu.model_key, model=model,
+            instances=tuple(CurrentInstance(i.profile_id, i.start, used) for i, used in gpu.instances),
+            slices=tuple(MpsSlice(gb, used) for gb, used in gpu.slices),
+        ))
+    name = node["metadata"]["name"]
+    return NodeInput(name=name, mode=mode, node=node, gpus=tuple(gpus), pods=tuple(pods)), errors
+
+
+# --- the controller -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TickResult:
+    leader: bool
+    planned: bool = False
+    plan_id: str | None = None
+    written: list[str] = field(default_factory=list)  # nodes given a new desired layout
+    plan: Plan | None = None
+
+
+@dataclass
+class PartitionerController:
+    cluster: Cluster
+    identity: str = "partitioner"
+    batch_timeout: float = 60.0
+    batch_idle: float = 10.0
+    lease_duration: float = 15.0
+    elector: LeaderElector | None = None
+    batcher: Batcher = field(init=False)
+    _last_plan_id: int = 0
+    _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
+    _reported: set[tuple[str, str]] = field(default_factory=set)  # (object, reason) already turned into an Event
+
+    def __post_init__(self) -> None:
+        self.batcher = Batcher(self.batch_timeout, self.batch_idle)
+        if self.elector is None:
+            self.elector = LeaderElector(self.cluster, self.identity, lease_duration=self.lease_duration)
+
+    def tick(self, now: float) -> TickResult:
+        """One reconcile pass: keep the lease, feed the batch, and plan when the window closes."""
+        assert self.elector is not None
+        if not self.elector.try_acquire(now):
+            self.batcher.reset()
+            return TickResult(leader=False)
+        nodes = [n for n in self.cluster.list("Node") if node_mode(n) is not None]
+        pods = self.cluster.list("Pod")
+        self._forget_served(nodes)
+        pending = [p for p in pods if could_help(p) and pod_key(p) not in self._serving]
+        pending_keys = {pod_key(p) for p in pending}
+        self.batcher.discard(self.batcher.items - pending_keys)
+        for key in sorted(pending_keys):
+            self.batcher.add(key, now)
+        if not self.batcher.ready(now):
+            return TickResult(leader=True)
+        self.batcher.reset()
+        return self._plan_and_write(now, nodes, pods, pending)
+
+    def next_deadline(self) -> float | None:
+        return self.batcher.next_deadline()
+
+    def _forget_served(self, nodes: list[dict[str, Any]]) -> None:
+        busy = {n["metadata"]["name"] for n in nodes if in_flight(n)}
+        self._serving = {k: v for k, v in self._serving.items() if v in busy}
+
+    def _plan_and_write(self, now: float, nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+                        pending: list[dict[str, Any]]) -> TickResult:
+        bound: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            where = (pod.get("spec") or {}).get("nodeName")
+            if where and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                bound.setdefault(where, []).append(pod)
+        inputs = []
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+            if in_flight(node):
+                continue
+            view, errors = node_input(node, bound.get(node["metadata"]["name"], []))
+            for error in errors:
+                self._event_once(node, "PartitioningStatusInvalid", error)
+            if view is not None:
+                inputs.append(view)
+        result = plan(inputs, pending)
+        plan_id = self._next_plan_id(now)
+        written = []
+        for view in inputs:
+            self._report_gpu_errors(view, result)
+            node_plan = result.nodes[view.name]
+            if not node_plan.changed:
+                continue
+            self._write_spec(view, result, plan_id)
+            written.append(view.name)
+        for key, where in result.assignments.items():
+            if where in written:
+                self._serving[key] = where
+        self._report_unschedulable(pending, result)
+        if written:
+            log.info("plan %s: %d pods fit, re-cut %s", plan_id, len(result.assignments), ", ".join(written))
+        return TickResult(leader=True, planned=True, plan_id=plan_id, written=written, plan=result)
+
+    def _next_plan_id(self, now: float) -> str:
+        self._last_plan_id = max(self._last_plan_id + 1, int(now * 1000))
+        return str(self._last_plan_id)
+
+    def _write_spec(self, view: NodeInput, result: Plan, plan_id: str) -> None:
+        node_plan = result.nodes[view.name]
+        models = {g.index: g.model for g in view.gpus}
+        gpus = []
+        for gpu in node_plan.gpus:
+            model = models.get(gpu.index)
+            if gpu.error or model is None:
+                continue
+            gpus.append((gpu.index, model, list(gpu.slices) if view.mode == "mps" else list(gpu.instances)))
+        current = (view.node.get("metadata") or {}).get("annotations") or {}
+        patch = ann.replace_family(current, ann.spec_annotations(view.mode, gpus, plan_id), "spec")
+        self.cluster.patch("Node", view.name, {"metadata": {"annotations": patch}})
+
+    def _report_gpu_errors(self, view: NodeInput, result: Plan) -> None:
+        for gpu in result.nodes[view.name].gpus:
+            if gpu.error:
+                self._event_once(view.node, "PartitioningSkipped", f"GPU {gpu.index}: {gpu.error}")
+
+    def _report_unschedulable(self, pending: list[dict[str, Any]], result: Plan) -> None:
+        """An Event once per pod and reason: what no re-cut can fix is worth telling the user about."""
+        for pod in pending:
+            key = pod_key(pod)
+            if key in result.impossible:
+                self._event_once(pod, "PartitioningImpossible", result.unschedulable[key])
+
+    def _event_once(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        meta = obj.get("metadata") or {}
+        key = (f"{obj.get('kind')}/{meta.get('namespace')}/{meta.get('name')}", message)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.warning("%s: %s", key[0], message)
+        try:
+            record_event(self.cluster, obj, reason, message, component=COMPONENT)
+        except KubegpuError as exc:  # an Event is a courtesy; failing to write one must not stop planning
+            log.warning("cannot record event on %s: %s", key[0], exc)
+

@@ -1,0 +1,223 @@
+"""`dynamic-mig` and `dynamic-mps` for `kubegpu simulate`: this planner and the controller's batch window on the
+simulator's virtual clock.
+
+Every `tick_interval` the strategy feeds the pending pods into the same `Batcher` the controller uses; when the
+window closes it plans on a snapshot of the simulated nodes and applies the new layouts after a reconfiguration
+delay. The delay is ours, not the GPU Operator's: the partition agent creates instances at exact placements and the
+device plugin re-lists them within its 2 s poll, with no plugin restart, so we take 15 s for MIG (instance creation
+plus the agent's report interval), against ~113 s measured for a MIG-manager label change (reference §4), and 5 s for
+MPS (a file write and a re-list).
+
+The simulator takes a whole GPU offline while it changes its MIG layout (and evicts what runs on it), so the
+strategy only re-cuts GPUs with nothing running: a busy GPU's free instances still serve pending pods, its layout
+stays. The real agent is finer — it keeps in-use instances and changes only the free ones — so the simulator's
+figure for dynamic partitioning is, if anything, conservative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kubegpu.errors import ConfigError
+from kubegpu.gpu.backend import GpuDevice
+from kubegpu.gpu.catalog import GpuModel
+from kubegpu.partitioner.controller import Batcher
+from kubegpu.partitioner.planner import (
+    CurrentInstance,
+    GpuInput,
+    MpsSlice,
+    NodeInput,
+    is_partition_resource,
+    plan,
+    pod_key,
+)
+from kubegpu.scheduling import pod_requests
+from kubegpu.sim.scenario import NodeGroup
+from kubegpu.sim.strategies import GPU, BaseStrategy, GpuRequest, NodeSetup, NodeView, SimControl, register_strategy
+from kubegpu.sim.workload import Job
+
+MIG_RECONFIGURE_DELAY_S = 15.0
+MPS_RECONFIGURE_DELAY_S = 5.0
+MPS_SLICE_STEP_GB = 5  # slice sizes are rounded up to this step, so pods of similar size share slices
+TICK_S = 5.0
+
+
+class _Dynamic(BaseStrategy):
+    """What both modes share: the batch window, the in-flight bookkeeping and the plan-apply loop."""
+
+    tick_interval: float | None = TICK_S
+    delay = MIG_RECONFIGURE_DELAY_S  # seconds from a plan to its layout being in place
+
+    def __init__(self, name: str, batch_timeout: float = 60.0, batch_idle: float = 10.0) -> None:
+        super().__init__(name)
+        self.batcher = Batcher(batch_timeout, batch_idle)
+        self.in_flight: dict[str, float] = {}  # node → when its new layout is in place
+        self.serving: dict[str, str] = {}  # pod key → node whose in-flight layout serves it
+        self.plans = 0
+        self.recuts = 0
+
+    def on_tick(self, sim: SimControl) -> None:
+        now = sim.clock.now()
+        self.in_flight = {n: t for n, t in self.in_flight.items() if t > now}
+        self.serving = {k: n for k, n in self.serving.items() if n in self.in_flight}
+        pending = [p for p in sim.pending_pods() if _wants_slices(p) and pod_key(p) not in self.serving]
+        keys = {pod_key(p) for p in pending}
+        self.batcher.discard(self.batcher.items - keys)
+        for key in sorted(keys):
+            self.batcher.add(key, now)
+        if not self.batcher.ready(now):
+            return
+        self.batcher.reset()
+        views = [v for v in sim.nodes() if v.ready and v.name not in self.in_flight and not v.reconfiguring]
+        inputs = [i for i in (self.node_input(v) for v in views) if i is not None]
+        result = plan(inputs, pending)
+        self.plans += 1
+        for node in inputs:
+            node_plan = result.nodes[node.name]
+            if not node_plan.changed:
+                continue
+            self.apply(sim, node, node_plan.gpus)
+            self.recuts += sum(1 for g in node_plan.gpus if g.changed)
+            self.in_flight[node.name] = now + self.delay
+            for key, where in result.assignments.items():
+                if where == node.name:
+                    self.serving[key] = where
+
+    def node_input(self, view: NodeView) -> NodeInput | None:
+        raise NotImplementedError
+
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+
+def _wants_slices(pod: dict[str, Any]) -> bool:
+    return any(is_partition_resource(r) for r in pod_requests(pod))
+
+
+def _node_obj(view: NodeView) -> dict[str, Any]:
+    return {"metadata": {"name": view.name, "labels": {"kubegpu.io/node-group": view.group}}, "spec": {}}
+
+
+class DynamicMig(_Dynamic):
+    """MIG GPUs start with MIG on and no instances; the planner cuts them to what the pending pods ask for."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.offered: dict[str, float] = {}  # resource → GiB, every non-media profile of the MIG models seen
+        self.whole_gpus = False
+
+    def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
+        config = {"version": "v1", "flags": {"migStrategy": "mixed"}}
+        if not model.mig_capable:
+            self.whole_gpus = True
+            return NodeSetup(device_plugin_config=config)
+        for profile in model.mig_profiles:
+            if not profile.media_extensions:
+                name = f"nvidia.com/{profile.resource_name}"
+                memory = profile.memory_mib / 1024
+                self.offered[name] = min(memory, self.offered.get(name, memory))
+        return NodeSetup(device_plugin_config=config, mig_layout={gpu.index: [] for gpu in gpus})
+
+    def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
+        """The smallest slice whose memory holds the pod's, as a user sizing by memory would ask."""
+        by_memory = sorted(self.offered.items(), key=lambda item: (item[1], item[0]))
+        for resource, memory in by_memory:
+            if job.memory_gib <= memory:
+                return GpuRequest(resource, job.gpus)
+        if self.whole_gpus or not by_memory:
+            return GpuRequest(GPU, job.gpus)
+        return GpuRequest(by_memory[-1][0], job.gpus)
+
+    def node_input(self, view: NodeView) -> NodeInput | None:
+        if not view.model.mig_capable:
+            return None
+        used_left = self._used_counts(view)
+        gpus = []
+        for gpu in view.gpus:
+            instances = []
+            for mig in view.mig.get(gpu.index, ()):
+                resource = f"nvidia.com/{view.model.profile(mig.profile_id).resource_name}"
+                used = gpu.index in view.busy_gpus and used_left[resource] > 0
+                if used:
+                    used_left[resource] -= 1
+                instances.append(CurrentInstance(mig.profile_id, mig.start, used))
+            gpus.append(GpuInput(gpu.index, view.model.key, view.model, tuple(instances),
+                                 frozen=gpu.index in view.busy_gpus))
+        return NodeInput(view.name, "mig", _node_obj(view), tuple(gpus))
+
+    @staticmethod
+    def _used_counts(view: NodeView) -> Counter[str]:
+        """Instances held by running pods, per resource: all there are minus the free ones."""
+        total: Counter[str] = Counter()
+        for devices in view.mig.values():
+            total.update(f"nvidia.com/{view.model.profile(m.profile_id).resource_name}" for m in devices)
+        return Counter({r: n - view.free.get(r, 0) for r, n in total.items() if n > view.free.get(r, 0)})
+
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+        sim.set_mig_layout(node.name, {g.index: list(g.instances) for g in gpus if g.changed},
+                           delay=MIG_RECONFIGURE_DELAY_S)
+
+
+class DynamicMps(_Dynamic):
+    """GPUs shared through MPS memory slices (`nvidia.com/gpu-<N>gb`), re-sliced to what the pending pods ask for."""
+
+    delay = MPS_RECONFIGURE_DELAY_S
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the strategy sets them)
+        self.largest_gb = 0
+
+    def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
+        self.largest_gb = max(self.largest_gb, model.memory_mib // 1024)
+        return NodeSetup(device_plugin_config={"version": "v1"}, mps_slices={})
+
+    def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
+        size = MPS_SLICE_STEP_GB * math.ceil(max(job.memory_gib, 1) / MPS_SLICE_STEP_GB)
+        if self.largest_gb and size > self.largest_gb:
+            size = self.largest_gb
+        return GpuRequest(f"nvidia.com/gpu-{size}gb", job.gpus)
+
+    def node_input(self, view: NodeView) -> NodeInput | None:
+        current = self.slices.setdefault(view.name, {})
+        used_left = Counter({r: view.allocatable.get(r, 0) - view.free.get(r, 0) for r in view.allocatable})
+        gpus = []
+        for gpu in view.gpus:
+            slices = []
+            for gb in current.get(gpu.index, []):
+                resource = f"nvidia.com/gpu-{gb}gb"
+                used = gpu.index in view.busy_gpus and used_left[resource] > 0
+                if used:
+                    used_left[resource] -= 1
+                slices.append(MpsSlice(gb, used))
+            gpus.append(GpuInput(gpu.index, view.model.key, view.model, slices=tuple(slices),
+                                 frozen=gpu.index in view.busy_gpus))
+        return NodeInput(view.name, "mps", _node_obj(view), tuple(gpus))
+
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+        current = self.slices.setdefault(node.name, {})
+        for gpu in gpus:
+            current[gpu.index] = list(gpu.slices)
+        sim.set_sharing(node.name, {"version": "v1"}, mps_slices=dict(current), delay=MPS_RECONFIGURE_DELAY_S)
+
+
+def _no_argument(name: str, argument: str | None) -> None:
+    if argument:
+        raise ConfigError(f"strategy {name}:{argument}: {name} takes no argument")
+
+
+def _dynamic_mig(argument: str | None) -> DynamicMig:
+    _no_argument("dynamic-mig", argument)
+    return DynamicMig("dynamic-mig")
+
+
+def _dynamic_mps(argument: str | None) -> DynamicMps:
+    _no_argument("dynamic-mps", argument)
+    return DynamicMps("dynamic-mps")
+
+
+register_strategy("dynamic-mig", _dynamic_mig)
+register_strategy("dynamic-mps", _dynamic_mps)

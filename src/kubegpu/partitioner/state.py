@@ -1,0 +1,191 @@
+"""The `kubegpu plan --state FILE` format: a cluster snapshot the planner can run on offline.
+
+```yaml
+nodes:
+- name: node-a
+  labels: {kubegpu.io/gpu-partitioning: mig}      # "mps" makes it an MPS node; default mig
+  gpus:
+  - model: A100-SXM4-80GB                          # catalog key, NVML product name or PCI id
+    instances: [{profile: 1g.10gb, start: 0, used: true}]   # MPS nodes: {profile: 10gb, used: true}
+pods:
+- {name: p1, namespace: default, priority: 0, requests: {nvidia.com/mig-2g.20gb: 1}, nodeSelector: {}}
+```
+Nodes may also give `allocatable` (cpu, memory, pods) and `taints`; without `allocatable` only GPU resources limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kubegpu.errors import ConfigError, NotFoundError
+from kubegpu.gpu.catalog import GpuModel, get_model
+from kubegpu.gpu.geometry import format_layout
+from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan
+
+PARTITIONING_LABEL = "kubegpu.io/gpu-partitioning"
+_MPS_PROFILE = re.compile(r"^(\d+)gb$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class InstanceState(_Model):
+    profile: str
+    start: int | None = Field(default=None, ge=0)
+    used: bool = False
+
+
+class GpuState(_Model):
+    model: str
+    instances: list[InstanceState] = Field(default_factory=list)
+
+
+class NodeState(_Model):
+    name: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuState] = Field(default_factory=list)
+    allocatable: dict[str, str | int | float] | None = None
+    taints: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PodState(_Model):
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    priority: int = 0
+    requests: dict[str, str | int | float] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ClusterState(_Model):
+    nodes: list[NodeState] = Field(default_factory=list)
+    pods: list[PodState] = Field(default_factory=list)
+
+
+def load_state(path: Path | str) -> ClusterState:
+    """Read and validate a state file (YAML or JSON); ConfigError `FILE: field.path: what` on any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{source}: not valid YAML/JSON: {first}") from None
+    return parse_state(data, source)
+
+
+def parse_state(data: object, source: str) -> ClusterState:
+    try:
+        return ClusterState.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+        raise ConfigError(f"{source}: {path or '<root>'}: {err['msg']}") from None
+
+
+def planner_inputs(state: ClusterState, source: str = "state") -> tuple[list[NodeInput], list[dict[str, Any]]]:
+    """Planner inputs from a state file: unknown models become GPUs the planner reports, bad profiles errors."""
+    nodes = [_node_input(n, f"{source}: nodes[{i}]") for i, n in enumerate(state.nodes)]
+    return nodes, [pod_dict(p) for p in state.pods]
+
+
+def _node_input(node: NodeState, where: str) -> NodeInput:
+    mode_label = node.labels.get(PARTITIONING_LABEL, "mig")
+    if mode_label not in ("mig", "mps"):
+        raise ConfigError(f"{where}.labels.{PARTITIONING_LABEL}: must be mig or mps, not {mode_label!r}")
+    mode: Literal["mig", "mps"] = "mps" if mode_label == "mps" else "mig"
+    gpus = tuple(_gpu_input(mode, i, g, f"{where}.gpus[{i}]") for i, g in enumerate(node.gpus))
+    status: dict[str, Any] = {}
+    if node.allocatable is not None:
+        status["allocatable"] = {k: str(v) for k, v in node.allocatable.items()}
+    obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": dict(node.labels)},
+           "spec": {"taints": list(node.taints)}, "status": status}
+    return NodeInput(name=node.name, mode=mode, node=obj, gpus=gpus)
+
+
+def _gpu_input(mode: str, index: int, gpu: GpuState, where: str) -> GpuInput:
+    try:
+        model: GpuModel | None = get_model(gpu.model)
+    except NotFoundError:
+        model = None
+    if model is None:
+        return GpuInput(index=index, model_key=gpu.model, model=None)
+    if mode == "mps":
+        slices = []
+        for k, inst in enumerate(gpu.instances):
+            m = _MPS_PROFILE.match(inst.profile)
+            if not m:
+                raise ConfigError(f"{where}.instances[{k}].profile: MPS slices are <N>gb, not {inst.profile!r}")
+            slices.append(MpsSlice(int(m.group(1)), inst.used))
+        return GpuInput(index=index, model_key=model.key, model=model, slices=tuple(slices))
+    instances = []
+    for k, inst in enumerate(gpu.instances):
+        try:
+            profile = model.profile(inst.profile)
+        except NotFoundError:
+            raise ConfigError(f"{where}.instances[{k}].profile: {model.key} has no MIG profile "
+                              f"{inst.profile!r}") from None
+        if inst.start is None:
+            raise ConfigError(f"{where}.instances[{k}].start: required for a MIG instance")
+        instances.append(CurrentInstance(profile.profile_id, inst.start, inst.used))
+    return GpuInput(index=index, model_key=model.key, model=model, instances=tuple(instances))
+
+
+def pod_dict(pod: PodState) -> dict[str, Any]:
+    """A Pod object from a state-file entry; extended resources go to limits as Kubernetes requires."""
+    resources = {k: str(v) for k, v in pod.requests.items()}
+    extended = {k: v for k, v in resources.items() if "/" in k}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "spec": {
+            "priority": pod.priority,
+            "nodeSelector": dict(pod.node_selector),
+            "tolerations": list(pod.tolerations),
+            "containers": [{"name": "main", "resources": {"requests": resources, "limits": extended}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def plan_to_json(result: Plan, nodes: list[NodeInput]) -> dict[str, Any]:
+    """The `kubegpu plan -o json` document: layouts per node and GPU index, then who fits and who does not."""
+    models = {g.model_key: g.model for n in nodes for g in n.gpus}
+    out_nodes = []
+    for node in nodes:
+        node_plan = result.nodes[node.name]
+        gpus = []
+        for gpu in node_plan.gpus:
+            model = models.get(gpu.model_key)
+            entry: dict[str, Any] = {"index": gpu.index, "model": gpu.model_key}
+            if node.mode == "mig" and model is not None:
+                entry["instances"] = [{"profile": model.profile(i.profile_id).name, "start": i.start}
+                                      for i in gpu.instances]
+                entry["layout"] = format_layout(model, list(gpu.instances))
+            else:
+                entry["instances"] = [{"profile": f"{gb}gb"} for gb in gpu.slices]
+            entry.update(created=gpu.created, destroyed=gpu.destroyed)
+            if gpu.error:
+                entry["error"] = gpu.error
+            gpus.append(entry)
+        out_nodes.append({"name": node.name, "mode": node.mode, "changed": node_plan.changed, "gpus": gpus})
+    return {
+        "nodes": out_nodes,
+        "schedulable": result.schedulable_names(),
+        "unschedulable": result.unschedulable_names(),
+        "assignments": dict(result.assignments),
+        "reasons": dict(result.unschedulable),
+        "created": result.created,
+        "destroyed": result.destroyed,
+    }

@@ -1,0 +1,117 @@
+"""`kubegpu plan`: the JSON contract, the table, and one-line errors for bad state files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubegpu.cli import main
+
+STATE = """
+nodes:
+- name: node-a
+  labels: {kubegpu.io/gpu-partitioning: mig, pool: gpu}
+  gpus:
+  - model: A100-SXM4-80GB
+    instances:
+    - {profile: 1g.10gb, start: 0, used: true}
+    - {profile: 1g.10gb, start: 1, used: true}
+    - {profile: 1g.10gb, start: 2, used: true}
+    - {profile: 1g.10gb, start: 3}
+    - {profile: 1g.10gb, start: 4}
+    - {profile: 1g.10gb, start: 5}
+    - {profile: 1g.10gb, start: 6}
+- name: node-b
+  gpus: [{model: Z9000}]
+pods:
+- {name: wants-2g, requests: {nvidia.com/mig-2g.20gb: 1}, nodeSelector: {pool: gpu}}
+- {name: wants-5g, requests: {nvidia.com/mig-5g.50gb: 1}}
+"""
+
+
+def run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "argv", ["kubegpu", *argv])
+    try:
+        main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_plan_json_has_layouts_and_both_pod_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state.yaml"
+    state.write_text(STATE)
+    assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schedulable"] == ["wants-2g"]
+    assert doc["unschedulable"] == ["wants-5g"]
+    gpu = doc["nodes"][0]["gpus"][0]
+    assert gpu["index"] == 0
+    kept = [i for i in gpu["instances"] if i["start"] in (0, 1, 2)]
+    assert kept == [{"profile": "1g.10gb", "start": s} for s in (0, 1, 2)]
+    assert {"profile": "2g.20gb", "start": 4} in gpu["instances"]
+    assert doc["nodes"][1]["gpus"][0]["error"] == "GPU model 'Z9000' is not in the catalog"
+
+
+def test_plan_json_state_file_works_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"nodes": [{"name": "n", "gpus": [{"model": "H100-SXM5-80GB"}]}],
+                                 "pods": [{"name": "p", "requests": {"nvidia.com/mig-7g.80gb": 1}}]}))
+    assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["nodes"][0]["gpus"][0]["instances"] == [{"profile": "7g.80gb", "start": 0}]
+
+
+def test_plan_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state.yaml"
+    state.write_text(STATE)
+    assert run(["plan", "--state", str(state)], monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert "schedulable on node-a" in out and "no partitionable GPU offers" in out
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("nodes: [{name: a, gpus: [{modl: A30-24GB}]}]", "nodes[0].gpus[0].model: Field required"),
+    ("nodes: [{name: a, gpus: [{model: A30-24GB, instances: [{profile: 1g.6gb}]}]}]",
+     "nodes[0].gpus[0].instances[0].start: required for a MIG instance"),
+    ("nodes: [{name: a, gpus: [{model: A30-24GB, instances: [{profile: 9g.1gb, start: 0}]}]}]",
+     "nodes[0].gpus[0].instances[0].profile: A30-24GB has no MIG profile '9g.1gb'"),
+    ("pods: [{name: p, priority: high}]", "pods[0].priority: Input should be a valid integer"),
+    ("nodes: [{name: a, labels: {kubegpu.io/gpu-partitioning: tpu}}]",
+     "nodes[0].labels.kubegpu.io/gpu-partitioning: must be mig or mps, not 'tpu'"),
+    ("nodes: [", "not valid YAML/JSON"),
+])
+def test_bad_state_files_give_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str], content: str, message: str) -> None:
+    state = tmp_path / "state.yaml"
+    state.write_text(content)
+    assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {state}: ")
+    assert message in err
+
+
+def test_missing_state_file_and_bad_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["plan", "--state", str(tmp_path / "nope.yaml")], monkeypatch) == 1
+    assert "nope.yaml: cannot read" in capsys.readouterr().err
+    (tmp_path / "s.yaml").write_text("{}")
+    assert run(["plan", "--state", str(tmp_path / "s.yaml"), "-o", "xml"], monkeypatch) == 1
+    assert capsys.readouterr().err.strip() == "error: --output: must be json or table, not 'xml'"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["partitioner", "--once", "--batch-window-idle=-1"],
+     "error: --batch-window-timeout, --batch-window-idle: must be >= 0 (0 plans on the first pass)"),
+    (["partitioner", "--once", "--interval", "0"], "error: --interval, --lease-duration: must be > 0"),
+    (["partition-agent", "--node-name", "n", "--interval", "0"], "error: --interval: must be > 0, got 0.0"),
+])
+def test_bad_controller_flags_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                           argv: list[str], message: str) -> None:
+    assert run(argv, monkeypatch) == 1
+    assert capsys.readouterr().err.strip() == message
