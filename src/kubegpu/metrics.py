@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics, start_http_server
 from prometheus_client.registry import CollectorRegistry
 
+from kubegpu.errors import ConfigError
+
 # DCGM-style output has no `*_created` series, and neither do we.
 disable_created_metrics()
 
@@ -64,6 +66,11 @@ class AutoscalerMetrics:
 
 def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY) -> int:
     """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one)."""
-    host, _, port = address.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--metrics-address: expected HOST:PORT such as ':8080', got {address!r}")
+    try:
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-address: cannot listen on {address}: {exc.strerror or exc}") from None
     return int(server.server_port)

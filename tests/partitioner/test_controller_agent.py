@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kubegpu.clock import VirtualClock
 from kubegpu.exporter.attribution import ContainerDevices
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
+from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.agent import PartitionAgent, read_slices_file
 from kubegpu.partitioner.controller import Batcher, LeaderElector, PartitionerController
@@ -98,6 +100,20 @@ def test_pending_2g_pod_gets_a_recut_without_touching_used_instances() -> None:
     status = cluster.get("Node", "gpu-node")["metadata"]["annotations"]
     assert status[ann.STATUS_PLAN] == result.plan_id
     assert status["kubegpu.io/status-gpu-0-2g.20gb-free"] == "1"
+
+
+def test_plans_and_pods_made_schedulable_are_counted() -> None:
+    clock = VirtualClock(1000)
+    cluster = MemoryCluster(clock)
+    all_1g_node(cluster, clock)
+    cluster.create(pending_pod("wants-2g", "nvidia.com/mig-2g.20gb"))
+    registry = CollectorRegistry()
+    controller = PartitionerController(cluster, batch_idle=10, metrics=PartitionerMetrics.create(registry))
+    controller.tick(1000)
+    assert controller.tick(1010).written == ["gpu-node"]
+    assert registry.get_sample_value("kubegpu_partitioner_plans_total", {"result": "applied"}) == 1
+    assert registry.get_sample_value("kubegpu_partitioner_pods_made_schedulable_total") == 1
+    assert registry.get_sample_value("kubegpu_partitioner_last_plan_duration_seconds") >= 0
 
 
 def test_controller_waits_for_the_node_to_report_before_replanning_it() -> None:

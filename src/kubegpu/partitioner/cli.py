@@ -67,9 +67,11 @@ def partitioner_command(
     lease_namespace: str = typer.Option("kube-system", "--lease-namespace"),
     lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
     once: bool = typer.Option(False, "--once", help="Run one reconcile pass and exit."),
+    metrics_address: str = typer.Option("", "--metrics-address", help="HOST:PORT to serve kubegpu_partitioner_* on."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.metrics import PartitionerMetrics, serve_metrics
     from kubegpu.partitioner.controller import LeaderElector, PartitionerController
 
     if min(batch_window_timeout, batch_window_idle) < 0:
@@ -79,9 +81,13 @@ def partitioner_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = LightkubeCluster()
     me = identity or socket.gethostname()
+    metrics = PartitionerMetrics.create() if metrics_address else None
+    if metrics_address:
+        serve_metrics(metrics_address)
     controller = PartitionerController(
         cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
         elector=LeaderElector(cluster, me, namespace=lease_namespace, lease_duration=lease_duration),
+        metrics=metrics,
     )
     clock = RealClock()
     while True:

@@ -10,6 +10,7 @@ never crashes.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from typing import Any
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.gpu.catalog import get_model
 from kubegpu.kube import Cluster, Conflict, NotFound, record_event
+from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.planner import (
     CurrentInstance,
@@ -232,6 +234,7 @@ class PartitionerController:
     batch_idle: float = 10.0
     lease_duration: float = 15.0
     elector: LeaderElector | None = None
+    metrics: PartitionerMetrics | None = None
     batcher: Batcher = field(init=False)
     _last_plan_id: int = 0
     _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
@@ -284,7 +287,9 @@ class PartitionerController:
                 self._event_once(node, "PartitioningStatusInvalid", error)
             if view is not None:
                 inputs.append(view)
+        started = time.perf_counter()
         result = plan(inputs, pending)
+        plan_seconds = time.perf_counter() - started
         plan_id = self._next_plan_id(now)
         written = []
         for view in inputs:
@@ -298,9 +303,17 @@ class PartitionerController:
             if where in written:
                 self._serving[key] = where
         self._report_unschedulable(pending, result)
+        self._record_metrics(result, written, plan_seconds)
         if written:
             log.info("plan %s: %d pods fit, re-cut %s", plan_id, len(result.assignments), ", ".join(written))
         return TickResult(leader=True, planned=True, plan_id=plan_id, written=written, plan=result)
+
+    def _record_metrics(self, result: Plan, written: list[str], plan_seconds: float) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.plans.labels(result="applied" if written else "nothing-to-do").inc()
+        self.metrics.pods_made_schedulable.inc(sum(1 for where in result.assignments.values() if where in written))
+        self.metrics.plan_seconds.set(plan_seconds)
 
     def _next_plan_id(self, now: float) -> str:
         self._last_plan_id = max(self._last_plan_id + 1, int(now * 1000))
