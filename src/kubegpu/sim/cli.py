@@ -1,0 +1,102 @@
+"""`kubegpu simulate`: compare GPU-sharing strategies on a simulated cluster, in seconds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.sim.report import LEGEND, headline, results_tables, write_html
+from kubegpu.sim.runner import run_scenario, strategy_names
+from kubegpu.sim.scenario import Scenario, default_scenario, load_scenario
+
+
+def _scenario(path: Path | None, seed: int | None, duration_hours: float | None) -> Scenario:
+    scenario = default_scenario() if path is None else load_scenario(path)
+    changes: dict[str, object] = {}
+    if seed is not None:
+        changes["seed"] = seed
+    if duration_hours is not None:
+        if duration_hours <= 0:
+            raise ConfigError(f"--duration: must be a positive number of hours, got {duration_hours}")
+        changes["duration"] = duration_hours * 3600.0
+    return scenario.model_copy(update=changes) if changes else scenario
+
+
+def _strategies(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ConfigError("--strategies: give at least one strategy, e.g. exclusive,time-slicing:4")
+    return names
+
+
+def simulate(
+    scenario_file: Path | None = typer.Option(None, "--scenario", help="Scenario YAML (default: the shipped one)."),
+    strategies: str | None = typer.Option(
+        None, "--strategies",
+        help="Comma-separated: exclusive, time-slicing:N, mps:N, static-mig:CONFIG[@GROUP], and plug-ins.",
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed for the workload (overrides the scenario)."),
+    duration: float | None = typer.Option(None, "--duration", help="Simulated hours (overrides the scenario)."),
+    report: Path | None = typer.Option(None, "--report", help="Write a self-contained HTML report here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write every number (and time series) as JSON here."),
+) -> None:
+    """Simulate a day of GPU work under each sharing strategy and compare utilisation, waiting and cost."""
+    console = Console()
+    for flag, path in (("--json", json_path), ("--report", report)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise KubegpuError(f"{flag} {path}: cannot write: directory {path.parent} does not exist")
+    scenario = _scenario(scenario_file, seed, duration)
+    names = strategy_names(scenario, _strategies(strategies))
+    with Progress(
+        TextColumn("[bold]{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    ) as progress:
+        tasks = {name: progress.add_task(name, total=scenario.duration, start=False) for name in names}
+        order = iter(names)
+
+        def tracker(strategy_name: str) -> Callable[[float], None]:
+            task = tasks.get(strategy_name)
+            if task is None:  # a strategy that names itself differently (time-slicing → time-slicing:4)
+                task = tasks[next(order)]
+            else:
+                next(order, None)
+            progress.start_task(task)
+            return lambda simulated: progress.update(task, completed=simulated)
+
+        result = run_scenario(scenario, names, tracker)
+    for table in results_tables(result, console.width):
+        console.print(table)
+    console.print(f"[dim]{LEGEND}[/]")
+    summary = headline(result)
+    if summary:
+        console.print(summary)
+    if json_path is not None:
+        _write(json_path, json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+        console.print(f"[dim]wrote {json_path}[/]")
+    if report is not None:
+        write_html(result, report)
+        console.print(f"[dim]wrote {report}[/]")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise KubegpuError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)
+    try:
+        from kubegpu.sim.validate import register_scenario_validator
+    except ImportError:  # pragma: no cover - the config registry is optional
+        return
+    register_scenario_validator()
