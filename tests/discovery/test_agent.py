@@ -96,6 +96,19 @@ def test_cli_oneshot_writes_the_labels_of_the_file_node(tmp_path: Path) -> None:
     assert written == expected
 
 
+def test_cli_output_file_dash_prints_the_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = _node_file(tmp_path, "4xL4")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["discover", "--gpu-backend", f"sim:{node}", "--oneshot", "--no-timestamp",
+                                      "--output-file", "-", "--machine-type-file", str(tmp_path / "none")])
+    assert result.exit_code == 0, result.output
+    printed = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    expected = read_golden("l4-no-mig.labels")
+    del expected["nvidia.com/gfd.timestamp"]
+    assert printed == expected
+    assert not (tmp_path / "-").exists()
+
+
 def test_cli_flag_overrides_config_file_and_bad_values_are_one_line(tmp_path: Path) -> None:
     node = _node_file(tmp_path, "1xA100-SXM4-80GB")
     out = tmp_path / "gfd"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -74,6 +75,17 @@ class FeatureFileSink:
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+class StdoutSink:
+    """`--output-file -`: the labels in the features-file format on standard output, for a look or a pipe."""
+
+    def write(self, labels: dict[str, str]) -> None:
+        sys.stdout.write(format_features_file(labels))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        """Nothing to remove."""
 
 
 class NodeLabelSink:

@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
                                                  help="leave out nvidia.com/gfd.timestamp; GFD_NO_TIMESTAMP"),
         sleep_interval: str | None = typer.Option(None, "--sleep-interval",
                                                   help="time between passes (60s, infinite); GFD_SLEEP_INTERVAL"),
-        output_file: str | None = typer.Option(None, "--output-file", "-o", help="NFD features file; GFD_OUTPUT_FILE"),
+        output_file: str | None = typer.Option(None, "--output-file", "-o",
+                                               help="NFD features file ('-': standard output); GFD_OUTPUT_FILE"),
         machine_type_file: str | None = typer.Option(None, "--machine-type-file",
                                                      help="DMI product name file; GFD_MACHINE_TYPE_FILE"),
         node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="this node's name"),
@@ -86,6 +87,7 @@ def _run(
         FeatureFileSink,
         LabelSink,
         NodeLabelSink,
+        StdoutSink,
         discover_labels,
         read_machine_type,
         run_discovery,
@@ -100,6 +102,8 @@ def _run(
 
         sink = NodeLabelSink(LightkubeCluster(), node_name)
         target = f"node {node_name}"
+    elif gfd.output_file == "-":
+        sink, target = StdoutSink(), "standard output"
     else:
         sink = FeatureFileSink(gfd.output_file)
         target = gfd.output_file
