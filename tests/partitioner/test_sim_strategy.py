@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from kubegpu.errors import ConfigError
 from kubegpu.partitioner.sim_strategy import DynamicMig, DynamicMps
 from kubegpu.sim.engine import Simulation
+from kubegpu.sim.perf import mig_speed
 from kubegpu.sim.scenario import Scenario, parse_scenario
 from kubegpu.sim.strategies import get_strategy
-from kubegpu.sim.workload import Job
+from kubegpu.sim.workload import Job, scenario_jobs
 
 
 def scenario(gpus: int = 2) -> Scenario:
@@ -39,13 +43,60 @@ def test_pods_get_slices_cut_for_them(strategy_cls: type[DynamicMig] | type[Dyna
     assert 10 + strategy.delay <= result.pending_max_s <= 60 + strategy.delay + 10
 
 
-def test_busy_gpus_are_not_recut() -> None:
+def test_an_instance_in_use_is_never_destroyed_so_a_whole_gpu_pod_waits() -> None:
     jobs = [job("first", 8), job("later", 70, arrival=600.0)]
     strategy = DynamicMig("dyn")
     result = Simulation(scenario(gpus=1), strategy, jobs).run(None)
-    # the one GPU holds a running 1g pod when the 7g-sized pod arrives: it waits until the GPU is idle again
+    # the one GPU holds a running 1g pod when the 7g-sized pod arrives: it waits until the 1g is free again
     assert result.pods_completed == 2 and result.evictions == 0
     assert result.pending_max_s >= 1800 - 600
+
+
+def test_a_busy_gpu_is_recut_around_its_running_pod() -> None:
+    jobs = [replace(job("first", 8), klass="first"), replace(job("later", 20, arrival=600.0), klass="later")]
+    strategy = DynamicMig("dyn")
+    result = Simulation(scenario(gpus=1), strategy, jobs).run(None)
+    # a 2g.20gb is cut beside the running 1g: the later pod waits for a batch window and the re-cut, not for the
+    # first pod to finish, and the first pod runs on undisturbed on its 1g (14 of 108 SMs)
+    assert result.pods_completed == 2 and result.evictions == 0
+    assert strategy.recuts == 2
+    assert result.classes["later"].pending_p95_s <= 60 + strategy.delay + 10
+    first = result.classes["first"]
+    assert first.jct_p50_s == pytest.approx(first.pending_p95_s + 1800.0 / mig_speed(0.3, 14, 108))
+
+
+def test_a_plan_that_changed_nothing_is_not_repeated_for_the_same_input() -> None:
+    wide = replace(job("wide", 70), gpus=2)  # two 7g.80gb on one node: the 1-GPU node can never hold it
+    strategy = DynamicMig("dyn")
+    result = Simulation(scenario(gpus=1), strategy, [wide]).run(None)
+    assert result.pods_completed == 0
+    assert strategy.plans == 1 and strategy.skipped > 100  # a window closes every ~15 s for 3 h
+
+
+def busy_scenario() -> Scenario:
+    return parse_scenario({
+        "name": "busy", "duration": "4h", "sampleInterval": "10m", "strategies": ["dynamic-mig"], "seed": 3,
+        "cluster": {"nodeGroups": [{"name": "g", "count": 2, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 2,
+                                    "pricePerHour": 10.0}]},
+        "workload": {"classes": [
+            {"name": "small", "arrivalsPerHour": 12, "memoryGiB": [2, 35], "compute": [0.1, 0.6],
+             "runtime": ["5m", "40m"]},
+            {"name": "wide", "arrivalsPerHour": 1, "gpus": [2, 3], "memoryGiB": [50, 70], "compute": [0.5, 0.9],
+             "runtime": ["20m", "1h"]}]},
+    }, "busy.yaml")
+
+
+@pytest.mark.parametrize("strategy_cls", [DynamicMig, DynamicMps])
+def test_skipping_futile_plans_changes_no_result(strategy_cls: type[DynamicMig] | type[DynamicMps]) -> None:
+    busy = busy_scenario()
+    jobs = scenario_jobs(busy)
+    skipping, planning = strategy_cls("dyn"), strategy_cls("dyn", skip_futile_plans=False)
+    first = Simulation(busy, skipping, jobs).run(None).to_dict()
+    again = Simulation(busy, planning, jobs).run(None).to_dict()
+    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+    assert skipping.skipped > 0 and planning.skipped == 0
+    assert skipping.plans + skipping.skipped == planning.plans
+    assert first["evictions"] == 0
 
 
 def test_registered_and_arguments_rejected() -> None:

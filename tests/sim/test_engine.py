@@ -9,11 +9,19 @@ from typing import Any
 import pytest
 
 from kubegpu.gpu.geometry import PlacedInstance
-from kubegpu.sim.engine import Simulation
+from kubegpu.sim.engine import InstanceInUseError, Simulation
 from kubegpu.sim.metrics import StrategyResult
 from kubegpu.sim.perf import DEFAULT_PARAMS, mig_speed
 from kubegpu.sim.runner import run_scenario
-from kubegpu.sim.strategies import BaseStrategy, NodeSetup, SimControl, get_strategy, register_strategy
+from kubegpu.sim.strategies import (
+    BaseStrategy,
+    GpuRequest,
+    NodeSetup,
+    NodeView,
+    SimControl,
+    get_strategy,
+    register_strategy,
+)
 from kubegpu.sim.workload import Job
 from tests.sim.helpers import job, tiny_scenario
 
@@ -126,6 +134,96 @@ def test_a_controller_reconfigures_mig_with_a_delay() -> None:
     at_50, at_150 = strategy.views[0], strategy.views[2]
     assert at_50 == {"nvidia.com/gpu": 1}  # GPU 0 is out while the MIG manager works
     assert at_150 == {"nvidia.com/gpu": 1, "nvidia.com/mig-3g.40gb": 2}
+
+
+class Recutter(BaseStrategy):
+    """A controller: GPU 0 starts as two 1g.10gb slices; at 600 s it swaps the one the running pod does not hold for
+    a 2g.20gb (after 100 s), or, with `destroy_used`, tries to drop the one the pod holds."""
+
+    tick_interval = 50.0
+
+    def __init__(self, destroy_used: bool = False) -> None:
+        super().__init__("recutter")
+        self.destroy_used = destroy_used
+        self.views: dict[float, NodeView] = {}
+        self.refused: list[str] = []
+
+    def node_setup(self, group: Any, model: Any, gpus: Any) -> NodeSetup:
+        return NodeSetup(device_plugin_config={"version": "v1", "flags": {"migStrategy": "mixed"}},
+                         mig_layout={0: [19, 19]})  # 1g.10gb at slots 4 and 5
+
+    def request_for(self, job: Job, models: Any) -> GpuRequest:
+        return GpuRequest("nvidia.com/mig-1g.10gb", job.gpus)
+
+    def on_tick(self, sim: SimControl) -> None:
+        now = sim.clock.now()
+        view = self.views[now] = sim.nodes()[0]
+        if now != 600.0:
+            return
+        used = [m for m in view.mig[0] if m.uuid in view.held_mig]
+        free = [m for m in view.mig[0] if m.uuid not in view.held_mig]
+        keep = free if self.destroy_used else used
+        layout = [*(PlacedInstance(m.profile_id, m.start) for m in keep), PlacedInstance(14, 0)]
+        try:
+            sim.set_mig_layout(view.name, {0: layout}, delay=100.0)
+        except InstanceInUseError as exc:
+            self.refused.append(str(exc))
+
+
+def test_a_running_pod_keeps_its_mig_device_when_a_slice_is_added_beside_it() -> None:
+    strategy = Recutter()
+    result = simulate(strategy, [job("small-1", memory=8.0, compute=1.0)])
+    before, during, after = strategy.views[550.0], strategy.views[650.0], strategy.views[750.0]
+    assert len(before.held_mig) == 1 and before.held_mig == during.held_mig == after.held_mig  # same device
+    assert before.held_mig <= {m.uuid for m in after.mig[0]}
+    assert before.allocatable == {"nvidia.com/mig-1g.10gb": 2}
+    assert during.allocatable == {"nvidia.com/mig-1g.10gb": 1}  # the free 1g went at once, the 2g is coming
+    assert during.reconfiguring == frozenset({0}) and during.busy_gpus == frozenset({0})
+    assert after.allocatable == {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}
+    assert after.reconfiguring == frozenset()
+    assert result.evictions == 0 and result.pods_completed == 1
+    assert result.jct_p50_s == pytest.approx(HOUR / mig_speed(1.0, 14, 108))  # as if nothing had happened
+
+
+def test_a_mig_change_that_would_destroy_a_used_instance_is_refused_and_changes_nothing() -> None:
+    strategy = Recutter(destroy_used=True)
+    result = simulate(strategy, [job("small-1", memory=8.0, compute=1.0)])
+    assert len(strategy.refused) == 1
+    assert "would destroy MIG device(s) in use by running pods: MIG-" in strategy.refused[0]
+    assert strategy.views[650.0].mig == strategy.views[550.0].mig
+    assert strategy.views[650.0].allocatable == {"nvidia.com/mig-1g.10gb": 2}
+    assert result.evictions == 0 and result.pods_completed == 1
+
+
+def test_mig_mode_changes_on_a_busy_gpu_and_changes_on_a_reconfiguring_gpu_are_refused() -> None:
+    refused: list[str] = []
+
+    class Toggler(BaseStrategy):
+        tick_interval = 600.0
+
+        def on_tick(self, sim: SimControl) -> None:
+            name = sim.nodes()[0].name
+            for index in (0, 1, 1):  # GPU 0 runs the pod; GPU 1 is idle, then still being changed
+                try:
+                    sim.set_mig_layout(name, {index: [PlacedInstance(0, 0)]}, delay=100.0)
+                except InstanceInUseError as exc:
+                    refused.append(str(exc))
+
+    result = simulate(Toggler("toggler"), [job("a-1", runtime=1000.0)], gpus=2, duration="11m")
+    assert refused == ["node g-0: GPU 0: MIG mode cannot change while 1 device(s) are in use",
+                       "node g-0: GPU 1: still being reconfigured; change it once its layout is in place"]
+    assert result.evictions == 0
+
+
+def test_an_illegal_mig_layout_names_the_node_and_gpu() -> None:
+    from kubegpu.errors import ConfigError, NotFoundError
+
+    sim = Simulation(tiny_scenario(), get_strategy("exclusive"), [])
+    sim.run()
+    with pytest.raises(ConfigError, match=r"node g-0: GPU 0: illegal MIG layout"):
+        sim.set_mig_layout("g-0", {0: [PlacedInstance(0, 0), PlacedInstance(19, 0)]})
+    with pytest.raises(NotFoundError, match="node g-0 has no GPU 3"):
+        sim.set_mig_layout("g-0", {3: []})
 
 
 class Grower(BaseStrategy):

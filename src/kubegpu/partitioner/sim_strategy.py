@@ -8,10 +8,15 @@ device plugin re-lists them within its 2 s poll, with no plugin restart, so we t
 plus the agent's report interval), against ~113 s measured for a MIG-manager label change (reference §4), and 5 s for
 MPS (a file write and a re-list).
 
-The simulator takes a whole GPU offline while it changes its MIG layout (and evicts what runs on it), so the
-strategy only re-cuts GPUs with nothing running: a busy GPU's free instances still serve pending pods, its layout
-stays. The real agent is finer — it keeps in-use instances and changes only the free ones — so the simulator's
-figure for dynamic partitioning is, if anything, conservative.
+MIG changes are applied as the agent applies them: the strategy marks the instances running pods hold as used
+(from the engine's real allocations, `NodeView.held_mig`), the planner keeps them where they are, and the engine
+keeps them across the change while it creates and destroys only free instances — so busy GPUs are re-cut around
+their pods, never evicting one. MPS changes drain the GPUs they touch in the simulator, so `dynamic-mps` re-slices
+idle GPUs only (busy ones are frozen; their free slices still serve pods).
+
+Speed: a window that closes with the same input as the last plan that changed nothing (same pending pods, same
+instances or slices, same used flags) is not planned again — the planner is deterministic, so the answer would be
+the same. It matters when pods stay unservable for hours (the planner would otherwise run every window).
 """
 
 from __future__ import annotations
@@ -51,13 +56,17 @@ class _Dynamic(BaseStrategy):
     tick_interval: float | None = TICK_S
     delay = MIG_RECONFIGURE_DELAY_S  # seconds from a plan to its layout being in place
 
-    def __init__(self, name: str, batch_timeout: float = 60.0, batch_idle: float = 10.0) -> None:
+    def __init__(self, name: str, batch_timeout: float = 60.0, batch_idle: float = 10.0,
+                 skip_futile_plans: bool = True) -> None:
         super().__init__(name)
         self.batcher = Batcher(batch_timeout, batch_idle)
+        self.skip_futile_plans = skip_futile_plans  # off only to check that skipping changes no result
         self.in_flight: dict[str, float] = {}  # node → when its new layout is in place
         self.serving: dict[str, str] = {}  # pod key → node whose in-flight layout serves it
         self.plans = 0
         self.recuts = 0
+        self.skipped = 0  # plans not run: same input as the last plan, which changed nothing
+        self._futile: tuple[tuple[str, ...], tuple[NodeInput, ...]] | None = None
 
     def on_tick(self, sim: SimControl) -> None:
         now = sim.clock.now()
@@ -73,8 +82,13 @@ class _Dynamic(BaseStrategy):
         self.batcher.reset()
         views = [v for v in sim.nodes() if v.ready and v.name not in self.in_flight and not v.reconfiguring]
         inputs = [i for i in (self.node_input(v) for v in views) if i is not None]
+        signature = (tuple(pod_key(p) for p in pending), tuple(inputs))
+        if self.skip_futile_plans and signature == self._futile:
+            self.skipped += 1  # the planner is deterministic: it would change nothing again
+            return
         result = plan(inputs, pending)
         self.plans += 1
+        self._futile = None if any(n.changed for n in result.nodes.values()) else signature
         for node in inputs:
             node_plan = result.nodes[node.name]
             if not node_plan.changed:
@@ -104,8 +118,8 @@ def _node_obj(view: NodeView) -> dict[str, Any]:
 class DynamicMig(_Dynamic):
     """MIG GPUs start with MIG on and no instances; the planner cuts them to what the pending pods ask for."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, skip_futile_plans: bool = True) -> None:
+        super().__init__(name, skip_futile_plans=skip_futile_plans)
         self.offered: dict[str, float] = {}  # resource → GiB, every non-media profile of the MIG models seen
         self.whole_gpus = False
 
@@ -132,29 +146,17 @@ class DynamicMig(_Dynamic):
         return GpuRequest(by_memory[-1][0], job.gpus)
 
     def node_input(self, view: NodeView) -> NodeInput | None:
+        """Every instance as the agent reports it, marked used when a running pod holds it (the engine's real
+        allocations, by MIG UUID). Busy GPUs are not frozen: the planner keeps used instances where they are and
+        may re-cut the free space around them, which the engine applies without touching the running pods."""
         if not view.model.mig_capable:
             return None
-        used_left = self._used_counts(view)
         gpus = []
         for gpu in view.gpus:
-            instances = []
-            for mig in view.mig.get(gpu.index, ()):
-                resource = f"nvidia.com/{view.model.profile(mig.profile_id).resource_name}"
-                used = gpu.index in view.busy_gpus and used_left[resource] > 0
-                if used:
-                    used_left[resource] -= 1
-                instances.append(CurrentInstance(mig.profile_id, mig.start, used))
-            gpus.append(GpuInput(gpu.index, view.model.key, view.model, tuple(instances),
-                                 frozen=gpu.index in view.busy_gpus))
+            instances = tuple(CurrentInstance(mig.profile_id, mig.start, mig.uuid in view.held_mig)
+                              for mig in view.mig.get(gpu.index, ()))
+            gpus.append(GpuInput(gpu.index, view.model.key, view.model, instances))
         return NodeInput(view.name, "mig", _node_obj(view), tuple(gpus))
-
-    @staticmethod
-    def _used_counts(view: NodeView) -> Counter[str]:
-        """Instances held by running pods, per resource: all there are minus the free ones."""
-        total: Counter[str] = Counter()
-        for devices in view.mig.values():
-            total.update(f"nvidia.com/{view.model.profile(m.profile_id).resource_name}" for m in devices)
-        return Counter({r: n - view.free.get(r, 0) for r, n in total.items() if n > view.free.get(r, 0)})
 
     def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
         sim.set_mig_layout(node.name, {g.index: list(g.instances) for g in gpus if g.changed},
@@ -166,8 +168,8 @@ class DynamicMps(_Dynamic):
 
     delay = MPS_RECONFIGURE_DELAY_S
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, skip_futile_plans: bool = True) -> None:
+        super().__init__(name, skip_futile_plans=skip_futile_plans)
         self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the strategy sets them)
         self.largest_gb = 0
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from kubegpu.clock import VirtualClock
 from kubegpu.deviceplugin.resources import AnnotatedDevice, allocatable, config_dict, devices_by_resource, sharing_spec
-from kubegpu.errors import ConfigError, NotFoundError
+from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
 from kubegpu.gpu.backend import GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
@@ -45,6 +45,22 @@ PODS_PER_NODE = 110
 
 # event kinds, in the order they are handled within one instant
 _FINISH, _OOM, _NODE, _ARRIVAL, _TICK, _SAMPLE = range(6)
+
+
+class InstanceInUseError(KubegpuError):
+    """A controller asked for a MIG change that would destroy what a running pod uses (the partition agent refuses
+    such a plan too), or for a change on a GPU whose last change is still being applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class _MigChange:
+    """One GPU's checked MIG change: what goes at once, what appears after the delay."""
+
+    index: int
+    layout: list[PlacedInstance] | None  # the whole new layout (None: MIG off)
+    destroy: tuple[MigDevice, ...]
+    create: tuple[PlacedInstance, ...]
+    mode_change: bool  # MIG turned on or off: the whole GPU is out for the delay
 
 
 @dataclass(eq=False, slots=True)
@@ -104,11 +120,13 @@ class SimNode:
     free: dict[str, list[AnnotatedDevice]] = field(default_factory=dict)
     partitions: dict[str, Partition] = field(default_factory=dict)
     running: list[Attempt] = field(default_factory=list)
-    reconfiguring: set[int] = field(default_factory=set)
+    reconfiguring: set[int] = field(default_factory=set)  # GPUs out of allocatable until a change is applied
+    mig_pending: dict[int, list[PlacedInstance]] = field(default_factory=dict)  # instances being created
     ready: bool = False
     added_at: float = 0.0
     rejects_multiple_shared: bool = False  # the plugin's failRequestsGreaterThanOne (MPS default)
     _key: tuple[Any, ...] | None = None
+    _view: NodeView | None = None
 
     @property
     def gpus(self) -> list[GpuDevice]:
@@ -129,6 +147,13 @@ class SimNode:
 
     def touch(self) -> None:
         self._key = None
+        self._view = None
+
+    def view(self) -> NodeView:
+        """What controllers see; cached until the node changes (controllers ask every tick, nodes change less)."""
+        if self._view is None:
+            self._view = _view(self)
+        return self._view
 
 
 class Simulation:
@@ -464,7 +489,7 @@ class Simulation:
 
     # ------------------------------------------------------------------------------------ SimControl (controllers)
     def nodes(self) -> list[NodeView]:
-        return [_view(node) for node in self._nodes.values()]
+        return [node.view() for node in self._nodes.values()]
 
     def pending_pods(self) -> list[dict[str, Any]]:
         runs = [run for queue in self._queues.values() for _, run in queue]
@@ -474,25 +499,73 @@ class Simulation:
     def set_mig_layout(
         self, node: str, layout: Mapping[int, Sequence[PlacedInstance] | None], delay: float | None = None
     ) -> None:
+        """Change MIG layouts the way the partition agent does: an instance in both the old and the new layout
+        (same profile id and start) stays, with its device ID and its pods; free instances that are dropped go at
+        once; new ones appear after `delay` (default `mig_reconfigure_delay`) and evict nothing. Turning MIG on or
+        off takes the whole GPU out for the delay. Refused (`InstanceInUseError`) when it would destroy an
+        instance or a whole GPU a running pod uses, or touch a GPU still being reconfigured; nothing changes
+        then."""
         target = self._node(node)
-        for index, instances in layout.items():
-            if not 0 <= index < len(target.gpus):
-                raise NotFoundError(f"node {node} has no GPU {index}")
-            errors = layout_errors(target.model, list(instances)) if instances is not None else []
-            if errors:
-                raise ConfigError(f"node {node}: GPU {index}: illegal MIG layout: {errors[0]}")
-        indices = set(layout)
-        wanted = {index: (None if instances is None else list(instances)) for index, instances in layout.items()}
-        self._evict(target, lambda run: any(part.gpu_index in indices for part in run.parts))
-        target.reconfiguring |= indices
+        checked = [self._mig_change(target, index, instances) for index, instances in sorted(layout.items())]
+        changes = [change for change in checked if change.mode_change or change.destroy or change.create]
+        if not changes:
+            return
+        wait = self.mig_reconfigure_delay if delay is None else delay
+        backend = target.hardware.backend
+        for change in changes:
+            for device in change.destroy:
+                backend.destroy_mig_device(change.index, device.gi_id)
+            if change.mode_change:
+                target.reconfiguring.add(change.index)
+            elif change.create:
+                target.mig_pending[change.index] = list(change.create)
+        _reread(target.hardware, node)
         self._rebuild_devices(target)
+        if any(change.mode_change or change.create for change in changes):  # else all done: only free ones went
+            self._push(self.clock.now() + wait, _NODE, lambda: self._finish_mig_changes(target, changes))
 
-        def apply() -> None:
-            target.hardware.apply(wanted, f"node {node}")
-            target.reconfiguring -= indices
-            self._rebuild_devices(target)
+    def _mig_change(self, node: SimNode, index: int, instances: Sequence[PlacedInstance] | None) -> _MigChange:
+        """What one GPU's new layout means (checked, not yet applied); raises when it may not be applied."""
+        where = f"node {node.name}: GPU {index}"
+        if not 0 <= index < len(node.gpus):
+            raise NotFoundError(f"node {node.name} has no GPU {index}")
+        wanted = None if instances is None else sorted(instances)
+        errors = layout_errors(node.model, wanted) if wanted is not None else []
+        if errors:
+            raise ConfigError(f"{where}: illegal MIG layout: {errors[0]}")
+        if index in node.reconfiguring or index in node.mig_pending:
+            raise InstanceInUseError(f"{where}: still being reconfigured; change it once its layout is in place")
+        held = [device for run in node.running for device in run.devices if device.gpu_index == index]
+        current = node.mig.get(index)
+        if (current is None) != (wanted is None):
+            if held:
+                raise InstanceInUseError(f"{where}: MIG mode cannot change while {len(held)} device(s) are in use")
+            return _MigChange(index, wanted, destroy=tuple(current or ()), create=(), mode_change=True)
+        if current is None or wanted is None:
+            return _MigChange(index, wanted, destroy=(), create=(), mode_change=False)
+        kept = {PlacedInstance(d.profile_id, d.start) for d in current}
+        destroy = tuple(d for d in current if PlacedInstance(d.profile_id, d.start) not in wanted)
+        in_use = sorted({d.mig.uuid for d in held if d.mig is not None} & {d.uuid for d in destroy})
+        if in_use:
+            raise InstanceInUseError(f"{where}: the new layout would destroy MIG device(s) in use by running pods: "
+                                     f"{', '.join(in_use)}")
+        create = tuple(instance for instance in wanted if instance not in kept)
+        return _MigChange(index, wanted, destroy=destroy, create=create, mode_change=False)
 
-        self._push(self.clock.now() + (self.mig_reconfigure_delay if delay is None else delay), _NODE, apply)
+    def _finish_mig_changes(self, node: SimNode, changes: Sequence[_MigChange]) -> None:
+        """The reconfiguration delay is over: GPUs whose MIG mode changed get their layout, new instances
+        appear beside the kept ones."""
+        if self._nodes.get(node.name) is not node:  # removed meanwhile
+            return
+        backend = node.hardware.backend
+        for change in changes:
+            for instance in change.create:
+                backend.create_mig_device(change.index, instance.profile_id, instance.start)
+            node.reconfiguring.discard(change.index)
+            node.mig_pending.pop(change.index, None)
+        whole = {change.index: change.layout for change in changes if change.mode_change}
+        node.hardware.apply(whole, f"node {node.name}")  # also reads every device back
+        self._rebuild_devices(node)
 
     def set_sharing(
         self, node: str, device_plugin_config: Any, mps_slices: Mapping[int, Sequence[int]] | None = None,
@@ -534,6 +607,7 @@ class Simulation:
         node = self._node(name)
         self._evict(node, lambda run: True)
         node.ready = False
+        node.touch()
         del self._nodes[name]
         self.metrics.node_removed(name, self.clock.now())
         if _exists(self.cluster, name):
@@ -551,6 +625,12 @@ class Simulation:
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
+def _reread(devices: hardware.NodeHardware, node: str) -> None:
+    """Read the node's GPUs and MIG devices back from its backend after instances were created or destroyed
+    (`NodeHardware.apply` with nothing to apply does exactly that)."""
+    devices.apply({}, f"node {node}")
+
+
 def _exists(cluster: Any, name: str) -> bool:
     try:
         cluster.get("Node", name)
@@ -635,11 +715,12 @@ def _pick_devices(node: SimNode, request: GpuRequest) -> list[AnnotatedDevice]:
 
 def _view(node: SimNode) -> NodeView:
     busy = frozenset(part.gpu_index for run in node.running for part in run.parts)
+    held_mig = frozenset(d.mig.uuid for run in node.running for d in run.devices if d.mig is not None)
     return NodeView(
         name=node.name, group=node.group.name, model=node.model, gpus=tuple(node.gpus),
         mig={i: tuple(d) for i, d in node.mig.items()}, allocatable=dict(node.allocatable),
         free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=busy,
-        reconfiguring=frozenset(node.reconfiguring), ready=node.ready,
+        reconfiguring=frozenset(node.reconfiguring | set(node.mig_pending)), ready=node.ready, held_mig=held_mig,
     )
 
 

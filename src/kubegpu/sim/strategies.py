@@ -29,9 +29,13 @@ What a controller may do, through `SimControl` (implemented by the engine):
 - read: ``sim.clock.now()``, ``sim.cluster`` (the in-memory Kubernetes store with every Node and Pod, so controller
   code written against `kubegpu.kube.Cluster` runs unchanged), ``sim.nodes()`` (`NodeView`: model, GPUs, MIG
   devices, allocatable, free devices, busy GPU indexes), ``sim.pending_pods()``, ``sim.node_groups``;
-- change a node's MIG layout: ``sim.set_mig_layout(node, {gpu index: [PlacedInstance, ...] | None})``. The
-  affected GPUs leave allocatable at once and come back with their new devices after ``sim.mig_reconfigure_delay``
-  seconds (default from the measured MIG-manager apply time); pods running on them are evicted and requeued;
+- change a node's MIG layout: ``sim.set_mig_layout(node, {gpu index: [PlacedInstance, ...] | None})``, as the
+  partition agent does: instances in both layouts (same profile id and start) stay, with their device IDs and
+  running pods; dropped instances go at once, new ones appear after ``sim.mig_reconfigure_delay`` seconds (default
+  from the measured MIG-manager apply time, or ``delay``); turning MIG on or off takes the whole GPU out for the
+  delay. Nothing is ever evicted: a change that would destroy an instance (or, for a MIG mode change, a GPU) a
+  running pod uses, or that touches a GPU still being reconfigured, raises
+  ``kubegpu.sim.engine.InstanceInUseError`` and changes nothing (``NodeView.held_mig`` tells what is in use);
 - change a node's device-plugin config (time-slicing, MPS) and MPS memory slices: ``sim.set_sharing(...)``;
 - add a node of a group (ready after a provisioning delay) or remove one (its pods are evicted and requeued):
   ``sim.add_node(group)``, ``sim.remove_node(name)``. Cost is counted from request to removal.
@@ -93,8 +97,9 @@ class NodeView:
     allocatable: Mapping[str, int]
     free: Mapping[str, int]  # free device IDs per resource
     busy_gpus: frozenset[int]  # GPU indexes with at least one running pod
-    reconfiguring: frozenset[int]  # GPU indexes waiting for a new MIG layout
+    reconfiguring: frozenset[int]  # GPU indexes waiting for a MIG or sharing change to be applied
     ready: bool
+    held_mig: frozenset[str] = frozenset()  # UUIDs of the MIG devices running pods hold (what the kubelet reports)
 
 
 class SimControl(Protocol):
