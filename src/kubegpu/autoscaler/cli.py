@@ -1,0 +1,173 @@
+"""`kubegpu provision` (one offline pass) and `kubegpu autoscaler` (the controller against a cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from kubegpu.autoscaler.api import NodePool, parse_nodepool
+from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_types, load_instance_types
+from kubegpu.autoscaler.provisioner import plan_summary, run_pass
+from kubegpu.autoscaler.scheduler import pod_problem
+from kubegpu.errors import ConfigError
+from kubegpu.scheduling import node_info
+
+
+def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
+    """Objects of `kind` from a YAML/JSON file: one object, a list, a `kind: List`, or several YAML documents."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML/JSON: {str(exc).splitlines()[0]}") from None
+    items: list[Any] = []
+    for doc in docs:
+        if isinstance(doc, list):
+            items.extend(doc)
+        elif isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
+            items.extend(doc.get("items") or [])
+        else:
+            items.append(doc)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: [{i}]: expected a {kind} object, got {type(item).__name__}")
+        if item.get("kind", kind) != kind:
+            raise ConfigError(f"{path}: [{i}]: expected kind {kind}, got {item.get('kind')!r}")
+        if not (item.get("metadata") or {}).get("name"):
+            raise ConfigError(f"{path}: [{i}].metadata.name: required")
+    return items
+
+
+def load_nodepools(path: Path) -> list[NodePool]:
+    pools = [parse_nodepool(raw, str(path)) for raw in load_manifests(path, "NodePool")]
+    if not pools:
+        raise ConfigError(f"{path}: no NodePool in the file")
+    return pools
+
+
+def _check_pods(pods: list[dict[str, Any]], path: Path) -> None:
+    for pod in pods:
+        why = pod_problem(pod)
+        if why is not None:
+            raise ConfigError(f"{path}: {why}")
+
+
+def provision_command(
+    nodepools: Path = typer.Option(..., "--nodepools", help="NodePool manifests (YAML/JSON, list or multi-doc)."),
+    instance_types: Path | None = typer.Option(
+        None, "--instance-types", help="Instance types in Karpenter's kwok JSON format (default: shipped catalogue)."),
+    pods: Path = typer.Option(..., "--pods", help="Pending Pod manifests (YAML/JSON list or multi-doc)."),
+    nodes: Path | None = typer.Option(None, "--nodes", help="Existing Node manifests; pods with nodeName count there."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """Run one provisioning pass offline: which NodeClaims Karpenter-style provisioning would create, and why not."""
+    if output not in ("table", "json"):
+        raise ConfigError(f"--output: must be table or json, got {output!r}")
+    pools = load_nodepools(nodepools)
+    types: list[InstanceType] = load_instance_types(instance_types) if instance_types else default_instance_types()
+    all_pods = load_manifests(pods, "Pod")
+    _check_pods(all_pods, pods)
+    existing_nodes = load_manifests(nodes, "Node") if nodes else []
+    bound: dict[str, list[dict[str, Any]]] = {}
+    pending: list[dict[str, Any]] = []
+    for pod in all_pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        (bound.setdefault(node_name, []) if node_name else pending).append(pod)
+    known = {n["metadata"]["name"] for n in existing_nodes}
+    for node_name, on_node in bound.items():
+        if node_name not in known:
+            raise ConfigError(f"{pods}: pod {on_node[0]['metadata']['name']}: spec.nodeName {node_name!r} is not "
+                              f"among the --nodes")
+    infos = [node_info(n, bound.get(n["metadata"]["name"], [])) for n in existing_nodes]
+    result = run_pass(pools, lambda _pool: types, pending, infos)
+    summary = plan_summary(result)
+    if output == "json":
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    _print_table(summary)
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title="NodeClaims")
+    for column in ("nodepool", "instance type", "capacity", "zone", "$/h", "pods"):
+        table.add_column(column)
+    for claim in summary["nodeclaims"]:
+        table.add_row(claim["nodepool"], claim["instanceType"], claim["capacityType"], claim["zone"],
+                      f"{claim['price']:.4f}", str(len(claim["pods"])))
+    console.print(table)
+    console.print(f"total ${summary['cost']:.4f}/h")
+    for entry in summary["unschedulable"]:
+        console.print(f"[red]unschedulable[/red] {entry['namespace']}/{entry['pod']}: {entry['reason']}")
+
+
+def autoscaler_command(
+    instance_types: Path | None = typer.Option(
+        None, "--instance-types", envvar="INSTANCE_TYPES_FILE_PATH",
+        help="Instance types in kwok JSON format (default: shipped catalogue)."),
+    registration_delay: float = typer.Option(30.0, "--registration-delay", help="Seconds before a new node registers."),
+    batch_idle: float = typer.Option(1.0, "--batch-idle-duration", envvar="BATCH_IDLE_DURATION"),
+    batch_max: float = typer.Option(10.0, "--batch-max-duration", envvar="BATCH_MAX_DURATION"),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between passes."),
+    disruption: bool = typer.Option(True, "--disruption/--no-disruption", help="Consolidate and expire nodes."),
+    once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
+    metrics_port: int = typer.Option(8080, "--metrics-port", help="Serve Karpenter-named metrics here (0: off)."),
+) -> None:
+    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster) with the simulated provider."""
+    from kubegpu.autoscaler.controller import Autoscaler, Options
+    from kubegpu.autoscaler.provider import SimulatedProvider
+    from kubegpu.clock import RealClock
+    from kubegpu.kube import LightkubeCluster
+
+    if batch_idle <= 0 or batch_max < batch_idle:
+        raise ConfigError("--batch-idle-duration must be > 0 and --batch-max-duration at least as long")
+    types = load_instance_types(instance_types) if instance_types else default_instance_types()
+    console = Console(stderr=True)
+    cluster = LightkubeCluster()
+    clock = RealClock()
+    scaler = Autoscaler(cluster, SimulatedProvider(cluster, types, clock, registration_delay), clock,
+                        Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption),
+                        log=lambda line: console.log(line))
+    if once:
+        scaler.step()
+        return
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(metrics_port, registry=scaler.metrics.registry)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {metrics_port}: cannot listen: {exc.strerror}") from None
+    asyncio.run(scaler.run(interval))
+
+
+def _looks_like_nodepool(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == "NodePool"
+
+
+def _validate_nodepool(data: object, source: str, _options: object) -> str:
+    pool = parse_nodepool(data, source)
+    return f"weight {pool.weight}, {len(pool.spec.template.spec.requirements)} requirements"
+
+
+def register_validators() -> None:
+    """Let `kubegpu validate-config` check NodePool manifests."""
+    from kubegpu.config import register_validator
+
+    register_validator("NodePool", _looks_like_nodepool, _validate_nodepool)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("provision")(provision_command)
+    app.command("autoscaler")(autoscaler_command)
+    register_validators()

@@ -1,0 +1,395 @@
+"""Disruption: emptiness, drift, multi-node and single-node consolidation, under budgets, PDBs, do-not-disrupt.
+
+Methods run in Karpenter's order — emptiness, drift, multi-node, then single-node consolidation — and only the
+first that finds something acts in a pass. A decision waits `validation_delay` (15 s) and is dropped if the
+candidates' pods changed meanwhile. A replacement (a strictly cheaper node for one or more candidates) is launched
+first; the candidates are deleted only once it is Initialized, and it is rolled back (deleted, candidates
+untainted) if that takes longer than `replacement_timeout`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.api import NodePool, parse_duration, template_hash
+from kubegpu.autoscaler.provisioner import Snapshot
+from kubegpu.autoscaler.requirements import Requirements
+from kubegpu.autoscaler.scheduler import ClaimPlan, SchedulingResult
+from kubegpu.autoscaler.state import (
+    condition,
+    created_at,
+    do_not_disrupt,
+    is_reschedulable,
+    is_true,
+    name_of,
+    parse_timestamp,
+)
+from kubegpu.autoscaler.termination import eviction_blocker, taint_node
+
+if TYPE_CHECKING:
+    from kubegpu.autoscaler.metrics import AutoscalerMetrics
+    from kubegpu.autoscaler.provider import CloudProvider
+    from kubegpu.autoscaler.provisioner import Provisioner
+    from kubegpu.autoscaler.termination import Termination
+    from kubegpu.clock import Clock
+    from kubegpu.kube import Cluster
+
+MAX_MULTI_CANDIDATES = 100
+EMPTY, UNDERUTILIZED, DRIFTED = "Empty", "Underutilized", "Drifted"
+
+
+@dataclass
+class Candidate:
+    claim: dict[str, Any]
+    node: dict[str, Any]
+    pool: NodePool
+    pods: list[dict[str, Any]]
+    price: float
+    cost: float
+    consolidatable: bool = True
+    drifted: str = ""
+
+    @property
+    def name(self) -> str:
+        return name_of(self.claim)
+
+
+@dataclass
+class Command:
+    reason: str                       # Empty | Underutilized | Drifted
+    candidates: list[Candidate]
+    replacements: list[ClaimPlan] = field(default_factory=list)
+    decided_at: float = 0.0
+    replacement_names: list[str] = field(default_factory=list)
+    launched_at: float = 0.0
+
+    def describe(self) -> str:
+        names = ", ".join(c.name for c in self.candidates)
+        if not self.replacements:
+            return f"delete {names} ({self.reason})"
+        types = ", ".join(p.instance_type for p in self.replacements)
+        price = sum(p.price for p in self.replacements)
+        return f"replace {names} with {types} at {price:.4f}/h ({self.reason})"
+
+
+
+def pod_disruption_cost(pod: dict[str, Any]) -> float:
+    """Karpenter's per-pod cost: 1 + deletion-cost/2^27 + priority/2^25, clamped to [-10, 10]."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(L.POD_DELETION_COST_ANNOTATION, "0")
+    try:
+        deletion = float(raw)
+    except ValueError:
+        deletion = 0.0
+    priority = float((pod.get("spec") or {}).get("priority") or 0)
+    return max(-10.0, min(10.0, 1.0 + deletion / 2**27 + priority / 2**25))
+
+
+class Disruption:
+    def __init__(self, cluster: Cluster, provider: CloudProvider, provisioner: Provisioner,
+                 termination: Termination, clock: Clock, validation_delay: float = 15.0,
+                 replacement_timeout: float = 600.0, log: Callable[[str], None] | None = None) -> None:
+        self.cluster = cluster
+        self.provider = provider
+        self.provisioner = provisioner
+        self.termination = termination
+        self.clock = clock
+        self.validation_delay = validation_delay
+        self.replacement_timeout = replacement_timeout
+        self.log = log or (lambda _line: None)
+        self.pending: Command | None = None
+        self.in_flight: list[Command] = []
+        self._pod_signature: dict[str, tuple[str, float]] = {}
+        self.executed: list[Command] = []
+        self.metrics: AutoscalerMetrics | None = None
+
+    # -- the pass ---------------------------------------------------------------------------------------------
+    def reconcile(self, snapshot: Snapshot) -> Command | None:
+        now = self.clock.now()
+        self._track_pod_events(snapshot, now)
+        self._progress_replacements(snapshot, now)
+        if self.in_flight:
+            return None
+        if self.pending is not None:
+            if now < self.pending.decided_at + self.validation_delay:
+                return None
+            waiting, self.pending = self.pending, None
+            if self._still_valid(waiting, snapshot):
+                self._execute(waiting, snapshot)
+                return waiting
+            self.log(f"disruption: abandoned {waiting.describe()}: pods changed during validation")
+            return None
+        command = self.decide(snapshot)
+        if command is None:
+            return None
+        command.decided_at = now
+        if self.validation_delay <= 0:
+            self._execute(command, snapshot)
+            return command
+        self.pending = command
+        return None
+
+    def decide(self, snapshot: Snapshot) -> Command | None:
+        candidates = self.candidates(snapshot)
+        if not candidates:
+            return None
+        budgets = self.budgets(snapshot)
+        consolidatable = [c for c in candidates if c.consolidatable]
+        for method, among in ((self._emptiness, consolidatable), (self._drift, candidates),
+                              (self._multi_node, consolidatable), (self._single_node, consolidatable)):
+            command = method(among, budgets, snapshot)
+            if command is not None:
+                return command
+        return None
+
+    # -- candidates and budgets -------------------------------------------------------------------------------
+    def _track_pod_events(self, snapshot: Snapshot, now: float) -> None:
+        """lastPodEventTime: when a pod last arrived on or left the node."""
+        for node, pods in ((n, snapshot.pods_on.get(n, [])) for n in snapshot.nodes):
+            signature = ",".join(sorted(name_of(p) for p in pods))
+            seen = self._pod_signature.get(node)
+            if seen is None or seen[0] != signature:
+                self._pod_signature[node] = (signature, now if seen is not None or pods else -math.inf)
+
+    def _consolidatable(self, claim: dict[str, Any], node_name: str, pool: NodePool) -> bool:
+        after = parse_duration(pool.spec.disruption.consolidateAfter)
+        if after is None:
+            return False
+        initialized = parse_timestamp((condition(claim, "Initialized") or {}).get("lastTransitionTime")) or 0.0
+        last_event = self._pod_signature.get(node_name, ("", -math.inf))[1]
+        return self.clock.now() - max(initialized, last_event) >= after
+
+    def candidates(self, snapshot: Snapshot) -> list[Candidate]:
+        pools = {p.name: p for p in snapshot.pools}
+        on = snapshot.pods_on
+        out: list[Candidate] = []
+        for claim in snapshot.nodeclaims:
+            node_name = (claim.get("status") or {}).get("nodeName") or ""
+            node = snapshot.nodes.get(node_name)
+            pool = pools.get(((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL, ""))
+            if node is None or pool is None or not is_true(claim, "Initialized"):
+                continue
+            if self.termination.is_terminating(name_of(claim)) or (claim.get("metadata") or {}).get(
+                    "deletionTimestamp") or self._in_command(name_of(claim)):
+                continue
+            if self.provisioner.is_nominated(node_name, name_of(claim)):
+                continue
+            if do_not_disrupt(node) or L.NODEPOOL_LABEL not in ((node.get("metadata") or {}).get("labels") or {}):
+                continue
+            pods = [p for p in on.get(node_name, []) if is_reschedulable(p)]
+            if any(do_not_disrupt(p) for p in on.get(node_name, [])):
+                continue
+            if any(eviction_blocker(p, snapshot.pdbs, snapshot.pods) for p in pods):
+                continue
+            price = self._price(pool, node)
+            if price is None:
+                continue
+            lifetime = self._lifetime_remaining(claim, pool)
+            cost = sum(pod_disruption_cost(p) for p in pods) * lifetime
+            out.append(Candidate(claim, node, pool, pods, price, cost, self._consolidatable(claim, node_name, pool),
+                                 self.drift_reason(claim, pool)))
+        out.sort(key=lambda c: (c.cost, -c.price, c.name))
+        return out
+
+    def drift_reason(self, claim: dict[str, Any], pool: NodePool) -> str:
+        """Why a NodeClaim no longer matches its NodePool (Karpenter's reasons), or ""."""
+        annotations = (claim.get("metadata") or {}).get("annotations") or {}
+        recorded = annotations.get(L.NODEPOOL_HASH_ANNOTATION)
+        if recorded is not None and recorded != template_hash(pool):
+            return "NodePoolDrifted"
+        labels = (claim.get("metadata") or {}).get("labels") or {}
+        pool_reqs = Requirements.from_api([r.model_dump(exclude_none=True)
+                                           for r in pool.spec.template.spec.requirements])
+        if not pool_reqs.satisfied_by({k: v for k, v in labels.items() if pool_reqs.get(k) is not None}):
+            return "RequirementsDrifted"
+        return self.provider.is_drifted(claim)
+
+    def _in_command(self, name: str) -> bool:
+        commands = [*self.in_flight, *([self.pending] if self.pending else [])]
+        return any(c.name == name for cmd in commands for c in cmd.candidates)
+
+    def _lifetime_remaining(self, claim: dict[str, Any], pool: NodePool) -> float:
+        expire = parse_duration(pool.spec.template.spec.expireAfter)
+        if not expire:
+            return 1.0
+        age = self.clock.now() - created_at(claim)
+        return max(0.0, min(1.0, 1.0 - age / expire))
+
+    def _price(self, pool: NodePool, node: dict[str, Any]) -> float | None:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        name, zone = labels.get(L.INSTANCE_TYPE_LABEL), labels.get(L.ZONE_LABEL)
+        ctype = labels.get(L.CAPACITY_TYPE_LABEL)
+        for it in self.provider.instance_types(pool):
+            if it.name == name:
+                for offering in it.offerings:
+                    if offering.zone == zone and offering.capacity_type == ctype:
+                        return offering.price
+        return None
+
+    def budgets(self, snapshot: Snapshot) -> dict[tuple[str, str], int]:
+        """Per (NodePool, reason): nodes that may still be disrupted now (min over active budgets − disrupting)."""
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        totals: dict[str, int] = {}
+        disrupting: dict[str, int] = {}
+        for claim in snapshot.nodeclaims:
+            pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL, "")
+            totals[pool] = totals.get(pool, 0) + 1
+            if self.termination.is_terminating(name_of(claim)) or self._in_command(name_of(claim)) or \
+                    (claim.get("metadata") or {}).get("deletionTimestamp"):
+                disrupting[pool] = disrupting.get(pool, 0) + 1
+        out: dict[tuple[str, str], int] = {}
+        for pool in snapshot.pools:
+            for reason in (EMPTY, UNDERUTILIZED, "Drifted"):
+                try:
+                    active = [b.allowed(totals.get(pool.name, 0)) for b in pool.spec.disruption.budgets
+                              if b.applies_to(reason) and b.active(now)]
+                except ValueError:  # a budget that cannot be evaluated fails closed
+                    active = [0]
+                allowed = min(active) if active else totals.get(pool.name, 0)
+                out[(pool.name, reason)] = max(0, allowed - disrupting.get(pool.name, 0))
+                if self.metrics is not None:
+                    self.metrics.allowed_disruptions.labels(pool.name, reason).set(out[(pool.name, reason)])
+        return out
+
+    # -- methods ------------------------------------------------------------------------------------------------
+    def _within_budget(self, candidates: Sequence[Candidate], budgets: dict[tuple[str, str], int],
+                       reason: str) -> list[Candidate]:
+        left = dict(budgets)
+        out = []
+        for cand in candidates:
+            key = (cand.pool.name, reason)
+            if left.get(key, 0) > 0:
+                left[key] -= 1
+                out.append(cand)
+        return out
+
+    def _emptiness(self, candidates: list[Candidate], budgets: dict[tuple[str, str], int],
+                   snapshot: Snapshot) -> Command | None:
+        empty = [c for c in candidates if not c.pods]
+        chosen = self._within_budget(empty, budgets, EMPTY)
+        return Command(EMPTY, chosen) if chosen else None
+
+    def _underutilized(self, candidates: list[Candidate], budgets: dict[tuple[str, str], int]) -> list[Candidate]:
+        eligible = [c for c in candidates if c.pool.spec.disruption.consolidationPolicy == "WhenEmptyOrUnderutilized"]
+        return self._within_budget(eligible, budgets, UNDERUTILIZED)
+
+    def _reschedule(self, candidates: Sequence[Candidate], snapshot: Snapshot) -> SchedulingResult:
+        """Where the candidates' pods would go with the candidates gone (pending pods keep their nominations)."""
+        pods = []
+        for cand in candidates:
+            for pod in cand.pods:
+                moved = {**pod, "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
+                         "status": {"phase": "Pending"}}
+                pods.append(moved)
+        exclude = {name_of(c.node) for c in candidates}
+        return self.provisioner.schedule(snapshot, pods, exclude_nodes=exclude, count_nominated=True)
+
+    def simulate(self, candidates: Sequence[Candidate], snapshot: Snapshot) -> tuple[bool, ClaimPlan | None]:
+        """Can the candidates' pods go elsewhere with at most one new node? (ok, the replacement if any)."""
+        result = self._reschedule(candidates, snapshot)
+        if result.unschedulable or len(result.claims) > 1:
+            return False, None
+        if not result.claims:
+            return True, None
+        plan = result.claims[0]
+        total = sum(c.price for c in candidates)
+        if plan.price >= total - 1e-9:
+            return False, None
+        if len(candidates) == 1 and plan.instance_type == ((candidates[0].node.get("metadata") or {}).get(
+                "labels") or {}).get(L.INSTANCE_TYPE_LABEL):
+            return False, None
+        return True, plan
+
+    def _multi_node(self, candidates: list[Candidate], budgets: dict[tuple[str, str], int],
+                    snapshot: Snapshot) -> Command | None:
+        eligible = self._underutilized(candidates, budgets)[:MAX_MULTI_CANDIDATES]
+        if len(eligible) < 2:
+            return None
+        best: Command | None = None
+        low, high = 2, len(eligible)
+        while low <= high:
+            mid = (low + high) // 2
+            ok, plan = self.simulate(eligible[:mid], snapshot)
+            if ok:
+                best = Command(UNDERUTILIZED, eligible[:mid], [plan] if plan else [])
+                low = mid + 1
+            else:
+                high = mid - 1
+        return best
+
+    def _single_node(self, candidates: list[Candidate], budgets: dict[tuple[str, str], int],
+                     snapshot: Snapshot) -> Command | None:
+        for cand in self._round_robin(self._underutilized(candidates, budgets)):
+            ok, plan = self.simulate([cand], snapshot)
+            if ok:
+                return Command(UNDERUTILIZED, [cand], [plan] if plan else [])
+        return None
+
+    def _drift(self, candidates: list[Candidate], budgets: dict[tuple[str, str], int],
+               snapshot: Snapshot) -> Command | None:
+        """Drifted nodes, empty ones first then oldest: replaced by whatever their pods need, cheaper or not."""
+        drifted = sorted((c for c in candidates if c.drifted),
+                         key=lambda c: (bool(c.pods), created_at(c.claim), c.name))
+        for cand in self._within_budget(drifted, budgets, DRIFTED):
+            result = self._reschedule([cand], snapshot)
+            if not result.unschedulable:
+                return Command(DRIFTED, [cand], list(result.claims))
+        return None
+
+    @staticmethod
+    def _round_robin(candidates: list[Candidate]) -> list[Candidate]:
+        by_pool: dict[str, list[Candidate]] = {}
+        for cand in candidates:
+            by_pool.setdefault(cand.pool.name, []).append(cand)
+        out: list[Candidate] = []
+        queues = [list(v) for _, v in sorted(by_pool.items())]
+        while any(queues):
+            for queue in queues:
+                if queue:
+                    out.append(queue.pop(0))
+        return out
+
+    # -- execution ----------------------------------------------------------------------------------------------
+    def _still_valid(self, command: Command, snapshot: Snapshot) -> bool:
+        current = {c.name: c for c in self.candidates(snapshot)}
+        for cand in command.candidates:
+            now = current.get(cand.name)
+            if now is None or sorted(map(name_of, now.pods)) != sorted(map(name_of, cand.pods)):
+                return False
+        return True
+
+    def _execute(self, command: Command, snapshot: Snapshot) -> None:
+        self.log(f"disruption: {command.describe()}")
+        self.executed.append(command)
+        for cand in command.candidates:
+            taint_node(self.cluster, name_of(cand.node), True)
+        if not command.replacements:
+            for cand in command.candidates:
+                self.termination.start(cand.claim, command.reason.lower())
+            return
+        pools = {p.name: p for p in snapshot.pools}
+        command.replacement_names = [name_of(self.provisioner.create_claim(plan, pools[plan.nodepool]))
+                                     for plan in command.replacements]
+        command.launched_at = self.clock.now()
+        self.in_flight.append(command)
+
+    def _progress_replacements(self, snapshot: Snapshot, now: float) -> None:
+        claims = {name_of(c): c for c in snapshot.nodeclaims}
+        for command in list(self.in_flight):
+            replacements = [claims.get(n) for n in command.replacement_names]
+            if all(r is not None and is_true(r, "Initialized") for r in replacements):
+                for cand in command.candidates:
+                    self.termination.start(cand.claim, command.reason.lower())
+                self.in_flight.remove(command)
+            elif now >= command.launched_at + self.replacement_timeout or any(r is None for r in replacements):
+                self.log(f"disruption: rolling back {command.describe()}: replacement not initialized")
+                for cand in command.candidates:
+                    taint_node(self.cluster, name_of(cand.node), False)
+                for r in replacements:
+                    if r is not None:
+                        self.termination.start(r, "rollback")
+                self.in_flight.remove(command)

@@ -1,0 +1,166 @@
+"""NodeClaim lifecycle: Launched → Registered → Initialized, with Karpenter's timeouts, plus expiry.
+
+- Launched: the cloud provider created the instance (providerID, capacity, resolved labels). Insufficient capacity
+  deletes the NodeClaim; not launched within 5 min deletes it too.
+- Registered: the Node with that providerID exists. We remove `kubegpu.io/unregistered`, label it
+  `kubegpu.io/registered=true`, copy the NodeClaim's labels, taints and startupTaints onto it and add the finalizer
+  `kubegpu.io/termination`. Not registered within 15 min: the NodeClaim is deleted.
+- Initialized: Node Ready, no startup taint left, no `node.kubernetes.io/not-ready`-style taint, and every extended
+  resource the NodeClaim was sized for is non-zero in allocatable — a GPU node is not initialized until the device
+  plugin has registered its GPUs. Then the node is labelled `kubegpu.io/initialized=true`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.api import parse_duration
+from kubegpu.autoscaler.provider import InsufficientCapacityError, NodeClaimNotFoundError
+from kubegpu.autoscaler.state import condition, created_at, is_true, name_of, with_condition
+from kubegpu.errors import KubegpuError
+from kubegpu.scheduling import parse_quantity
+
+if TYPE_CHECKING:
+    from kubegpu.autoscaler.metrics import AutoscalerMetrics
+    from kubegpu.autoscaler.provider import CloudProvider
+    from kubegpu.clock import Clock
+    from kubegpu.kube import Cluster
+
+LAUNCH_TIMEOUT = 5 * 60.0
+REGISTRATION_TIMEOUT = 15 * 60.0
+EPHEMERAL_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                              "node.cloudprovider.kubernetes.io/uninitialized"})
+STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+
+
+def _same_taint(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
+
+
+def initialization_blocker(claim: dict[str, Any], node: dict[str, Any]) -> str | None:
+    """Why the node is not Initialized yet (Karpenter's reasons), or None when it is."""
+    ready = condition(node, "Ready")
+    if ready is None or ready.get("status") != "True":
+        return "NodeNotReady"
+    taints = (node.get("spec") or {}).get("taints") or []
+    startup = (claim.get("spec") or {}).get("startupTaints") or []
+    if any(_same_taint(t, s) for t in taints for s in startup):
+        return "StartupTaintsExist"
+    if any(t.get("key") in EPHEMERAL_TAINTS for t in taints):
+        return "KnownEphemeralTaintsExist"
+    requests = ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    for name, amount in requests.items():
+        if name in STANDARD_RESOURCES or parse_quantity(amount) <= 0:
+            continue
+        if parse_quantity(allocatable.get(name, 0)) <= 0:
+            return "ResourceNotRegistered"
+    return None
+
+
+class Lifecycle:
+    def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock,
+                 terminate: Callable[[dict[str, Any], str], None], log: Callable[[str], None] | None = None) -> None:
+        self.cluster = cluster
+        self.provider = provider
+        self.clock = clock
+        self.terminate = terminate
+        self.log = log or (lambda _line: None)
+        self.metrics: AutoscalerMetrics | None = None
+
+    def reconcile(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> None:
+        for claim in claims:
+            if (claim.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            try:
+                self._step(claim, nodes)
+            except KubegpuError as exc:
+                self.log(f"nodeclaim {name_of(claim)}: {exc}")
+
+    def _patch_status(self, claim: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        claim["status"] = {**(claim.get("status") or {}), **status}
+        return self.cluster.patch("NodeClaim", name_of(claim), {"status": claim["status"]}, subresource="status")
+
+    def _set(self, claim: dict[str, Any], kind: str, status: str, reason: str, message: str = "") -> None:
+        conditions = with_condition((claim.get("status") or {}).get("conditions") or [], kind, status, reason,
+                                    self.clock.now(), message)
+        if all(is_true({"status": {"conditions": conditions}}, k) for k in ("Launched", "Registered", "Initialized")):
+            conditions = with_condition(conditions, "Ready", "True", "Ready", self.clock.now())
+        self._patch_status(claim, {"conditions": conditions})
+
+    def _step(self, claim: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> None:
+        now = self.clock.now()
+        age = now - created_at(claim)
+        expire = parse_duration((claim.get("spec") or {}).get("expireAfter") or "720h")
+        if expire is not None and age >= expire:
+            self.terminate(claim, "expired")
+            return
+        if not is_true(claim, "Launched"):
+            self._launch(claim, age)
+            return
+        node_name = (claim.get("status") or {}).get("nodeName") or ""
+        node = nodes.get(node_name)
+        if not is_true(claim, "Registered"):
+            if node is None:
+                if age >= REGISTRATION_TIMEOUT:
+                    self.log(f"nodeclaim {name_of(claim)}: not registered within 15m, deleting")
+                    self.terminate(claim, "registration_timeout")
+                else:
+                    self._set(claim, "Registered", "False", "NodeNotFound")
+                return
+            self._register(claim, node)
+            return
+        if not is_true(claim, "Initialized") and node is not None:
+            blocker = initialization_blocker(claim, node)
+            if blocker is None:
+                labels = {**((node.get("metadata") or {}).get("labels") or {}), L.INITIALIZED_LABEL: "true"}
+                self.cluster.patch("Node", node_name, {"metadata": {"labels": labels}})
+                self._set(claim, "Initialized", "True", "Initialized")
+            elif (condition(claim, "Initialized") or {}).get("reason") != blocker:
+                self._set(claim, "Initialized", "False", blocker)
+
+    def _launch(self, claim: dict[str, Any], age: float) -> None:
+        if age >= LAUNCH_TIMEOUT and (condition(claim, "Launched") or {}).get("reason") == "LaunchFailed":
+            self.terminate(claim, "launch_timeout")
+            return
+        try:
+            launched = self.provider.create(claim)
+        except InsufficientCapacityError as exc:
+            self.log(str(exc))
+            self.cluster.delete("NodeClaim", name_of(claim))
+            return
+        except KubegpuError as exc:
+            self._set(claim, "Launched", "False", "LaunchFailed", str(exc))
+            return
+        claim["metadata"]["labels"] = launched["metadata"]["labels"]
+        self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {"labels": launched["metadata"]["labels"]}})
+        status = dict(launched["status"])
+        status["conditions"] = with_condition((claim.get("status") or {}).get("conditions") or [], "Launched",
+                                              "True", "Launched", self.clock.now())
+        self._patch_status(claim, status)
+
+    def _register(self, claim: dict[str, Any], node: dict[str, Any]) -> None:
+        spec = claim.get("spec") or {}
+        node_meta, node_spec = node.get("metadata") or {}, node.get("spec") or {}
+        taints = [t for t in node_spec.get("taints") or [] if not _same_taint(t, L.UNREGISTERED_TAINT)]
+        if (node_meta.get("labels") or {}).get("kubegpu.io/do-not-sync-taints") != "true":
+            for taint in [*(spec.get("taints") or []), *(spec.get("startupTaints") or [])]:
+                if not any(_same_taint(taint, t) for t in taints):
+                    taints.append(dict(taint))
+        labels = {**(node_meta.get("labels") or {}), **((claim.get("metadata") or {}).get("labels") or {}),
+                  L.REGISTERED_LABEL: "true", L.NODECLAIM_LABEL: name_of(claim)}
+        finalizers = sorted({*(node_meta.get("finalizers") or []), L.TERMINATION_FINALIZER})
+        self.cluster.patch("Node", name_of(node), {"metadata": {"labels": labels, "finalizers": finalizers},
+                                                    "spec": {"taints": taints}})
+        node.setdefault("spec", {})["taints"] = taints
+        node["metadata"]["labels"] = labels
+        self._set(claim, "Registered", "True", "Registered")
+        if self.metrics is not None:
+            self.metrics.nodes_created.labels(labels.get(L.NODEPOOL_LABEL, ""), labels.get(L.ZONE_LABEL, "")).inc()
+
+    def delete_instance(self, claim: dict[str, Any]) -> None:
+        with contextlib.suppress(NodeClaimNotFoundError):
+            self.provider.delete(claim)

@@ -1,0 +1,220 @@
+"""The cloud provider interface (Karpenter's operations) and a simulated, kwok-style provider.
+
+`SimulatedProvider` "buys" a node by creating a Node object through the cluster interface: registered later,
+tainted `kubegpu.io/unregistered:NoExecute`, with no GPU resources in allocatable — as a real kubelet zeroes
+extended resources until the device plugin registers. Each node's GPUs are a `SimulatedBackend` in memory with the
+NodePool's MIG config applied; after the registration delay `tick()` marks the node Ready and publishes the device
+plugin's `allocatable` for those GPUs. That is the path a real GPU node takes, so the NodeClaim lifecycle sees the
+same sequence (Launched → Registered → Initialized only once `nvidia.com/*` is allocatable).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.gpu_capacity import backend_allocatable, sharing_of, simulated_gpu_backend
+from kubegpu.autoscaler.instancetypes import InstanceType, Offering
+from kubegpu.autoscaler.requirements import Requirements
+from kubegpu.clock import Clock
+from kubegpu.errors import KubegpuError, NotFoundError
+from kubegpu.scheduling.quantity import format_quantity
+
+if TYPE_CHECKING:
+    from kubegpu.autoscaler.api import NodePool
+    from kubegpu.gpu.backend import GpuBackend
+    from kubegpu.kube import Cluster
+
+
+class NodeClaimNotFoundError(NotFoundError):
+    """The instance behind a NodeClaim is already gone (Delete is then a no-op for the caller)."""
+
+
+class InsufficientCapacityError(KubegpuError):
+    """No requested instance type has an available, compatible offering: the NodeClaim is deleted."""
+
+
+class CloudProvider(Protocol):
+    name: str
+
+    def create(self, nodeclaim: dict[str, Any]) -> dict[str, Any]:
+        """Launch an instance for the NodeClaim; returns the NodeClaim with providerID, labels, capacity set."""
+        ...
+
+    def delete(self, nodeclaim: dict[str, Any]) -> None: ...
+
+    def get(self, provider_id: str) -> dict[str, Any]: ...
+
+    def list(self) -> builtins.list[dict[str, Any]]: ...
+
+    def instance_types(self, nodepool: NodePool) -> builtins.list[InstanceType]: ...
+
+    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
+        """A drift reason, or "" when the instance still matches its NodeClass."""
+        ...
+
+
+def quantities(amounts: dict[str, float]) -> dict[str, str]:
+    return {k: format_quantity(v) for k, v in amounts.items()}
+
+
+def launch_choice(types: Sequence[InstanceType], claim: dict[str, Any],
+                  capacity_of: Any = None) -> tuple[InstanceType, Offering]:
+    """Karpenter's pick: among the NodeClaim's instance types, the cheapest available compatible offering."""
+    reqs = Requirements.from_api(claim["spec"].get("requirements") or [])
+    type_req = reqs.get(L.INSTANCE_TYPE_LABEL)
+    zone, ctype = reqs.get(L.ZONE_LABEL), reqs.get(L.CAPACITY_TYPE_LABEL)
+    requests = {k: v for k, v in (claim["spec"].get("resources") or {}).get("requests", {}).items()}
+    from kubegpu.scheduling import parse_quantity
+
+    need = {k: parse_quantity(v) for k, v in requests.items()}
+    best: tuple[InstanceType, Offering] | None = None
+    for it in types:
+        if type_req is not None and not type_req.has(it.name):
+            continue
+        alloc = capacity_of(it) if capacity_of else it.allocatable
+        if any(alloc.get(k, 0.0) + 1e-9 < v for k, v in need.items()):
+            continue
+        offer = it.cheapest_offering(lambda o: (zone is None or zone.has(o.zone))
+                                     and (ctype is None or ctype.has(o.capacity_type)))
+        if offer is not None and (best is None or offer.price < best[1].price):
+            best = (it, offer)
+    if best is None:
+        name = claim["metadata"]["name"]
+        raise InsufficientCapacityError(f"nodeclaim {name}: no requested instance type has an available offering")
+    return best
+
+
+@dataclass
+class _Instance:
+    node_name: str
+    provider_id: str
+    nodeclaim: str
+    created: float
+    backend: GpuBackend | None
+    sharing_labels: dict[str, str]
+    sharing_annotations: dict[str, str]
+    registered: bool = False
+
+
+class SimulatedProvider:
+    """A kwok-style provider: Nodes in the cluster, GPUs as in-memory simulated backends."""
+
+    name = "kubegpu-sim"
+
+    def __init__(self, cluster: Cluster, instance_types: Sequence[InstanceType], clock: Clock,
+                 registration_delay: float = 30.0) -> None:
+        self.cluster = cluster
+        self.types = list(instance_types)
+        self.clock = clock
+        self.registration_delay = registration_delay
+        self.instances: dict[str, _Instance] = {}
+        self.create_calls = 0
+
+    def instance_types(self, nodepool: NodePool) -> builtins.list[InstanceType]:
+        return list(self.types)
+
+    def create(self, nodeclaim: dict[str, Any]) -> dict[str, Any]:
+        from kubegpu.autoscaler.gpu_capacity import sharing_capacity
+
+        meta = nodeclaim["metadata"]
+        labels, annotations = dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+        sharing = sharing_of(labels, annotations, f"NodeClaim {meta['name']}: metadata")
+        it, offering = launch_choice(self.types, nodeclaim, lambda t: sharing_capacity(sharing, t))
+        self.create_calls += 1
+        digest = hashlib.sha1(f"{meta['name']}/{self.create_calls}".encode()).hexdigest()[:5]
+        node_name = f"kwok-{meta['name']}-{digest}"
+        provider_id = f"kwok://{node_name}"
+        backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config) \
+            if it.gpu_model and it.gpu_count else None
+        node_labels = {**labels, **it.labels, **offering.labels(), L.HOSTNAME_LABEL: node_name,
+                       L.SIMULATED_NODE_LABEL: "true", "kwok.x-k8s.io/node": "fake"}
+        capacity = {k: v for k, v in it.capacity.items() if not k.startswith("nvidia.com/")}
+        allocatable = {k: v for k, v in it.allocatable.items() if not k.startswith("nvidia.com/")}
+        node = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node_name, "labels": node_labels,
+                         "annotations": {**annotations, "kwok.x-k8s.io/node": "fake",
+                                         "eks-node-viewer/instance-price": str(offering.price)}},
+            "spec": {"providerID": provider_id, "taints": [dict(L.UNREGISTERED_TAINT)]},
+            "status": {"capacity": quantities(capacity), "allocatable": quantities(allocatable),
+                       "conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}],
+                       "phase": "Pending"},
+        }
+        self.cluster.create(node)
+        self.instances[provider_id] = _Instance(node_name, provider_id, meta["name"], self.clock.now(), backend,
+                                                labels, annotations)
+        full = sharing_capacity(sharing, it)
+        status = dict(nodeclaim.get("status") or {})
+        status.update({"providerID": provider_id, "nodeName": node_name, "imageID": "kwok",
+                       "capacity": quantities({**it.capacity, **full}), "allocatable": quantities(full)})
+        result = dict(nodeclaim)
+        result["metadata"] = {**meta, "labels": {**labels, **it.labels, **offering.labels()}}
+        result["status"] = status
+        return result
+
+    def tick(self) -> None:
+        """Register nodes whose delay has passed: kubelet Ready, device plugin's GPU resources allocatable."""
+        now = self.clock.now()
+        for inst in self.instances.values():
+            if inst.registered or now < inst.created + self.registration_delay:
+                continue
+            try:
+                node = self.cluster.get("Node", inst.node_name)
+            except KubegpuError:
+                continue
+            allocatable = dict((node.get("status") or {}).get("allocatable") or {})
+            capacity = dict((node.get("status") or {}).get("capacity") or {})
+            if inst.backend is not None:
+                sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
+                gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
+                allocatable.update(gpu)
+                capacity.update(gpu)
+            self.cluster.patch("Node", inst.node_name, {"status": {
+                "allocatable": allocatable, "capacity": capacity, "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}},
+                subresource="status")
+            inst.registered = True
+
+    def delete(self, nodeclaim: dict[str, Any]) -> None:
+        provider_id = (nodeclaim.get("status") or {}).get("providerID")
+        inst = self.instances.pop(provider_id, None) if provider_id else None
+        if inst is None:
+            raise NodeClaimNotFoundError(f"nodeclaim {nodeclaim['metadata']['name']}: instance already gone")
+        try:
+            node = self.cluster.get("Node", inst.node_name)
+            if (node.get("metadata") or {}).get("finalizers"):
+                self.cluster.patch("Node", inst.node_name, {"metadata": {"finalizers": None}})
+            self.cluster.delete("Node", inst.node_name)
+        except KubegpuError:
+            pass
+        if inst.backend is not None:
+            inst.backend.close()
+
+    def get(self, provider_id: str) -> dict[str, Any]:
+        inst = self.instances.get(provider_id)
+        if inst is None:
+            raise NodeClaimNotFoundError(f"instance {provider_id} not found")
+        return self.cluster.get("Node", inst.node_name)
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        out = []
+        for provider_id in list(self.instances):
+            try:
+                out.append(self.get(provider_id))
+            except KubegpuError:
+                continue
+        return out
+
+    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
+        return ""
+
+    def backend_for(self, node_name: str) -> GpuBackend | None:
+        for inst in self.instances.values():
+            if inst.node_name == node_name:
+                return inst.backend
+        return None

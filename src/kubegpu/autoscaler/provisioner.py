@@ -1,0 +1,362 @@
+"""The provisioning controller: pending pods → a batch → a scheduling pass → NodeClaims.
+
+Everything it decides comes from `scheduler.Scheduler`; this module only reads the cluster into a snapshot,
+turns the pass's plans into NodeClaim objects and reports (one Event per pod and reason, not per pass).
+A NodePool that fails validation is reported once and skipped; the others keep serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.api import NodePool, parse_nodepool, template_hash
+from kubegpu.autoscaler.batcher import Batcher
+from kubegpu.autoscaler.gpu_capacity import CapacityModel
+from kubegpu.autoscaler.instancetypes import InstanceType
+from kubegpu.autoscaler.requirements import Requirement, Requirements
+from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
+from kubegpu.autoscaler.state import (
+    CREATED_AT_ANNOTATION,
+    is_provisionable,
+    is_true,
+    name_of,
+    pods_by_node,
+)
+from kubegpu.errors import KubegpuError
+from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
+from kubegpu.scheduling.quantity import format_quantity
+
+if TYPE_CHECKING:
+    from kubegpu.autoscaler.metrics import AutoscalerMetrics
+    from kubegpu.autoscaler.provider import CloudProvider
+    from kubegpu.clock import Clock
+    from kubegpu.kube import Cluster
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Snapshot:
+    """What one pass reads from the cluster."""
+
+    pools: list[NodePool]
+    pool_errors: dict[str, str]
+    nodeclaims: list[dict[str, Any]]
+    nodes: dict[str, dict[str, Any]]
+    pods: list[dict[str, Any]]
+    daemonsets: list[dict[str, Any]]
+    pdbs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def pods_on(self) -> dict[str, list[dict[str, Any]]]:
+        return pods_by_node(self.pods)
+
+
+def _list(cluster: Cluster, kind: str) -> list[dict[str, Any]]:
+    try:
+        return cluster.list(kind)
+    except KubegpuError:
+        return []
+
+
+def take_snapshot(cluster: Cluster) -> Snapshot:
+    pools: list[NodePool] = []
+    errors: dict[str, str] = {}
+    for raw in _list(cluster, "NodePool"):
+        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            pools.append(parse_nodepool(raw))
+        except KubegpuError as exc:
+            errors[name_of(raw)] = str(exc)
+    return Snapshot(
+        pools=pools,
+        pool_errors=errors,
+        nodeclaims=_list(cluster, "NodeClaim"),
+        nodes={name_of(n): n for n in _list(cluster, "Node")},
+        pods=_list(cluster, "Pod"),
+        daemonsets=_list(cluster, "DaemonSet"),
+        pdbs=_list(cluster, "PodDisruptionBudget"),
+    )
+
+
+def claim_capacity(claim: Mapping[str, Any]) -> dict[str, float]:
+    status = claim.get("status") or {}
+    raw = status.get("capacity") or ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    return {k: parse_quantity(v) for k, v in raw.items()}
+
+
+def pool_usage(nodeclaims: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per NodePool: the summed capacity of its NodeClaims and their count (for `limits`)."""
+    usage: dict[str, dict[str, float]] = {}
+    for claim in nodeclaims:
+        pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL)
+        if not pool:
+            continue
+        total = usage.setdefault(pool, {"nodes": 0.0})
+        total["nodes"] += 1
+        for k, v in claim_capacity(claim).items():
+            total[k] = total.get(k, 0.0) + v
+    return usage
+
+
+def inflight_node(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """A stand-in Node for a NodeClaim whose node is not initialized yet: its labels, taints and allocatable."""
+    meta, spec, status = claim.get("metadata") or {}, claim.get("spec") or {}, claim.get("status") or {}
+    labels = dict(meta.get("labels") or {})
+    for req in Requirements.from_api(spec.get("requirements") or []):
+        if not req.complement and len(req.values) == 1:
+            labels.setdefault(req.key, next(iter(req.values)))
+    allocatable = status.get("allocatable") or (spec.get("resources") or {}).get("requests") or {}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": status.get("nodeName") or f"nodeclaim/{meta.get('name')}", "labels": labels},
+            "spec": {"taints": list(spec.get("taints") or [])},
+            "status": {"allocatable": dict(allocatable)}}
+
+
+def existing_infos(snapshot: Snapshot, exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
+                   nominated: Mapping[str, set[str]] | None = None) -> list[NodeInfo]:
+    """Initialized nodes as they are, in-flight NodeClaims as stand-ins, unmanaged nodes as they are.
+
+    With `nominated` (target name → pod keys), pending pods nominated to a node or NodeClaim count on it, so a
+    consolidation simulation does not hand their capacity to someone else.
+    """
+    on = snapshot.pods_on
+    pending = {pod_key(p): p for p in snapshot.pods if is_provisionable(p)} if nominated else {}
+
+    def pods_for(node_name: str, *targets: str) -> list[dict[str, Any]]:
+        extra = [pending[k] for t in targets for k in sorted((nominated or {}).get(t, ())) if k in pending]
+        return [*on.get(node_name, []), *extra]
+
+    infos: list[NodeInfo] = []
+    claimed: set[str] = set()
+    for claim in snapshot.nodeclaims:
+        node_name = (claim.get("status") or {}).get("nodeName") or ""
+        if node_name:
+            claimed.add(node_name)
+        if (claim.get("metadata") or {}).get("deletionTimestamp") or node_name in exclude_nodes:
+            continue
+        node = snapshot.nodes.get(node_name)
+        pods = pods_for(node_name, node_name, name_of(claim))
+        if node is not None and is_true(claim, "Initialized"):
+            infos.append(node_info(node, pods))
+        else:
+            infos.append(node_info(inflight_node(claim), pods))
+    for name, node in sorted(snapshot.nodes.items()):
+        if name not in claimed and name not in exclude_nodes:
+            infos.append(node_info(node, pods_for(name, name)))
+    return infos
+
+
+def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float) -> dict[str, Any]:
+    """The NodeClaim for a plan: the pool's template plus the narrowed requirements and the summed requests."""
+    tmpl = pool.spec.template
+    reqs = Requirements([r for r in plan.requirements if r.key != L.NODEPOOL_LABEL])
+    reqs = reqs.merge(Requirements([Requirement(L.INSTANCE_TYPE_LABEL, False, frozenset(plan.instance_type_options))]))
+    return {
+        "apiVersion": L.API_VERSION,
+        "kind": "NodeClaim",
+        "metadata": {
+            "name": name,
+            "labels": {**tmpl.metadata.labels, L.NODEPOOL_LABEL: pool.name},
+            "annotations": {**tmpl.metadata.annotations, CREATED_AT_ANNOTATION: repr(now),
+                            L.NODEPOOL_HASH_ANNOTATION: template_hash(pool)},
+        },
+        "spec": {
+            "nodeClassRef": tmpl.spec.nodeClassRef.model_dump(),
+            "requirements": reqs.to_api(),
+            "taints": [t.model_dump(exclude_none=True) for t in tmpl.spec.taints],
+            "startupTaints": [t.model_dump(exclude_none=True) for t in tmpl.spec.startupTaints],
+            "resources": {"requests": {k: format_quantity(v) for k, v in plan.requests.items()}},
+            "expireAfter": tmpl.spec.expireAfter,
+            **({"terminationGracePeriod": tmpl.spec.terminationGracePeriod}
+               if tmpl.spec.terminationGracePeriod else {}),
+        },
+    }
+
+
+def plan_summary(result: SchedulingResult) -> dict[str, Any]:
+    """The `kubegpu provision -o json` shape."""
+    return {
+        "nodeclaims": [
+            {"nodepool": c.nodepool, "instanceType": c.instance_type, "price": round(c.price, 6),
+             "capacityType": c.offering.capacity_type, "zone": c.offering.zone,
+             "pods": [p["metadata"]["name"] for p in c.pods]}
+            for c in result.claims
+        ],
+        "existing": {node: [p["metadata"]["name"] for p in pods] for node, pods in result.existing.items()},
+        "unschedulable": [{"pod": key.split("/", 1)[1], "namespace": key.split("/", 1)[0], "reason": why}
+                          for key, why in result.unschedulable.items()],
+        "cost": round(result.cost, 6),
+    }
+
+
+def _copy_info(info: NodeInfo) -> NodeInfo:
+    return NodeInfo(info.node, dict(info.allocatable), dict(info.requested), list(info.pods))
+
+
+def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence[InstanceType]],
+             pending: Sequence[dict[str, Any]], existing: Sequence[NodeInfo] = (),
+             daemonsets: Sequence[dict[str, Any]] = (), usage: Mapping[str, Mapping[str, float]] | None = None,
+             capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue")) -> SchedulingResult:
+    """One scheduling pass (pure): used by the controller, `kubegpu provision`, consolidation and the benchmark.
+
+    The pass runs once per NodeClaim sizing rule and keeps the result that leaves the fewest pods unschedulable,
+    then costs least: sizing for the identical pods at hand wins on large uniform batches, sizing for the whole
+    queue on small mixed ones, and a pass is cheap enough to try both.
+    """
+    model = capacity or CapacityModel()
+    types: dict[str, Sequence[InstanceType]] = {}
+    for pool in pools:
+        types[pool.name] = types_for(pool)
+        model.sharing(pool)
+    best: SchedulingResult | None = None
+    for sizing in sizings:
+        scheduler = Scheduler(pools, types, [_copy_info(i) for i in existing], daemonsets, usage,
+                              capacity_fn=model, sizing=sizing)
+        result = scheduler.solve(pending)
+        if best is None or (len(result.unschedulable), result.cost) < (len(best.unschedulable), best.cost):
+            best = result
+    assert best is not None
+    return best
+
+
+class Provisioner:
+    """Watches for pending pods, batches them, and creates NodeClaims for what existing capacity cannot take."""
+
+    def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, batch_idle: float = 1.0,
+                 batch_max: float = 10.0, log: Log | None = None) -> None:
+        self.cluster = cluster
+        self.provider = provider
+        self.clock = clock
+        self.batcher = Batcher(batch_idle, batch_max)
+        self.log = log or (lambda _line: None)
+        self.capacity = CapacityModel()
+        self._reported: dict[str, str] = {}
+        self._pool_errors: dict[str, str] = {}
+        self._counter = 0
+        self.last_result: SchedulingResult | None = None
+        self.nominated: dict[str, float] = {}   # node or NodeClaim name → when pending pods were last nominated to it
+        self.nominations: dict[str, set[str]] = {}   # node or NodeClaim name → keys of the pods nominated to it
+        self.nomination_window = 2 * batch_max
+        self.metrics: AutoscalerMetrics | None = None
+
+    def is_nominated(self, *names: str) -> bool:
+        """Whether pending pods were recently nominated to this node/NodeClaim (then it must not be disrupted)."""
+        now = self.clock.now()
+        return any(now - self.nominated.get(name, -1e18) < self.nomination_window for name in names)
+
+    def reconcile(self, snapshot: Snapshot | None = None) -> SchedulingResult | None:
+        now = self.clock.now()
+        snapshot = snapshot or take_snapshot(self.cluster)
+        self._report_pool_errors(snapshot)
+        pending = [p for p in snapshot.pods if is_provisionable(p) and self._readable(p)]
+        self.batcher.trigger((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
+        if not self.batcher.ready(now):
+            return None
+        self.batcher.reset()
+        if not pending:
+            return None
+        started = time.perf_counter()
+        result = self.schedule(snapshot, pending)
+        if self.metrics is not None:
+            self.metrics.scheduling_duration.labels("provisioner").observe(time.perf_counter() - started)
+            self.metrics.unschedulable_pods.labels("provisioner").set(len(result.unschedulable))
+        self.nominations = {}
+        for node_name, pods in result.existing.items():
+            target = node_name.removeprefix("nodeclaim/")
+            self.nominated[target] = now
+            self.nominations[target] = {pod_key(p) for p in pods}
+        self._create_claims(result, snapshot, now)
+        self._report_unschedulable(result)
+        self.last_result = result
+        return result
+
+    def schedule(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]],
+                 exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
+                 count_nominated: bool = False) -> SchedulingResult:
+        """A pass for `pending`; `count_nominated` (consolidation) keeps capacity nominated to pending pods taken."""
+        pools = []
+        for pool in snapshot.pools:
+            try:
+                self.capacity.sharing(pool)
+                pools.append(pool)
+            except KubegpuError as exc:
+                self._pool_error(pool.name, str(exc))
+        nominated = self.nominations if count_nominated else None
+        return run_pass(pools, self.provider.instance_types, pending,
+                        existing_infos(snapshot, exclude_nodes, nominated),
+                        snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity)
+
+    def new_name(self, pool: str, seed: str) -> str:
+        self._counter += 1
+        digest = hashlib.sha1(f"{seed}/{self._counter}/{self.clock.now()}".encode()).hexdigest()[:5]
+        return f"{pool}-{digest}"
+
+    def create_claim(self, plan: ClaimPlan, pool: NodePool) -> dict[str, Any]:
+        seed = ",".join(name_of(p) for p in plan.pods[:3])
+        claim = nodeclaim_object(plan, pool, self.new_name(pool.name, seed), self.clock.now())
+        created = self.cluster.create(claim)
+        self.nominated[name_of(created)] = self.clock.now()
+        self.nominations[name_of(created)] = {pod_key(p) for p in plan.pods}
+        if self.metrics is not None:
+            self.metrics.nodeclaims_created.labels("provisioned", pool.name, "false").inc()
+        for pod in plan.pods:
+            self._event(pod, "Nominated", f"Pod should schedule on: nodeclaim/{claim['metadata']['name']}",
+                        "Normal")
+        return created
+
+    def _create_claims(self, result: SchedulingResult, snapshot: Snapshot, now: float) -> None:
+        pools = {p.name: p for p in snapshot.pools}
+        for plan in result.claims:
+            self.create_claim(plan, pools[plan.nodepool])
+
+    def _readable(self, pod: dict[str, Any]) -> bool:
+        """A pod whose spec the provisioner cannot read is reported once and left out; the rest are served."""
+        why = pod_problem(pod)
+        if why is None:
+            return True
+        key = pod_key(pod)
+        if self._reported.get(key) != why:
+            self._reported[key] = why
+            self.log(why)
+            self._event(pod, "FailedScheduling", f"Failed to schedule pod, {why}", "Warning")
+        return False
+
+    def _report_unschedulable(self, result: SchedulingResult) -> None:
+        for pod in result.unschedulable_pods:
+            key = f"{(pod.get('metadata') or {}).get('namespace', 'default')}/{name_of(pod)}"
+            why = result.unschedulable[key]
+            if self._reported.get(key) == why:
+                continue
+            self._reported[key] = why
+            self.log(f"pod {key}: cannot provision: {why}")
+            self._event(pod, "FailedScheduling", f"Failed to schedule pod, {why}", "Warning")
+
+    def _report_pool_errors(self, snapshot: Snapshot) -> None:
+        for name, why in snapshot.pool_errors.items():
+            self._pool_error(name, why)
+
+    def _pool_error(self, name: str, why: str) -> None:
+        if self._pool_errors.get(name) == why:
+            return
+        self._pool_errors[name] = why
+        self.log(why)
+        try:
+            pool = self.cluster.get("NodePool", name)
+        except KubegpuError:
+            return
+        self._event(pool, "InvalidNodePool", why, "Warning")
+
+    def _event(self, obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
+        from kubegpu.kube import record_event
+
+        try:
+            record_event(self.cluster, obj, reason, message, type_=type_, component="kubegpu-autoscaler")
+        except KubegpuError as exc:
+            self.log(f"cannot record event {reason} on {name_of(obj)}: {exc}")

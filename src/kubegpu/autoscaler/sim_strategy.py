@@ -1,0 +1,197 @@
+"""The `autoscaler` simulator strategy: the scenario's node groups become instance types of one NodePool, and the
+real autoscaler (provisioning, NodeClaim lifecycle, consolidation) runs on the simulator's virtual clock.
+
+    kubegpu simulate --strategies autoscaler,autoscaler:time-slicing-4,autoscaler:mig-all-balanced
+
+The argument picks how nodes share GPUs, and the NodePool carries the same sharing config in its template, so the
+provisioner counts exactly what the simulated device plugin will advertise: `exclusive` (default),
+`time-slicing-<N>` or `mig-<mig-parted config>`. Nodes are bought with `sim.add_node(group)` and returned with
+`sim.remove_node`, so the simulator's cost integral and node counts are the autoscaler's bill; `timeline` records
+(time, nodes, $/h) at every tick for reports.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.api import NodePool, parse_nodepool
+from kubegpu.autoscaler.controller import Autoscaler, Options
+from kubegpu.autoscaler.gpu_capacity import sharing_capacity, sharing_of
+from kubegpu.autoscaler.instancetypes import InstanceType, Offering
+from kubegpu.autoscaler.provider import NodeClaimNotFoundError, launch_choice, quantities
+from kubegpu.autoscaler.state import with_condition
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.scheduling import parse_quantity
+from kubegpu.sim.strategies import (
+    BaseStrategy,
+    Exclusive,
+    GpuRequest,
+    NodeSetup,
+    StaticMig,
+    TimeSlicing,
+    register_strategy,
+)
+
+if TYPE_CHECKING:
+    from kubegpu.gpu.backend import GpuDevice
+    from kubegpu.gpu.catalog import GpuModel
+    from kubegpu.sim.scenario import NodeGroup
+    from kubegpu.sim.strategies import SimControl, Strategy
+    from kubegpu.sim.workload import Job
+
+SIM_ZONE = "sim-zone"
+PODS_PER_NODE = 110.0
+
+
+def group_instance_type(group: NodeGroup) -> InstanceType:
+    """A scenario node group as an instance type: its shape, its GPUs and its price (on-demand, one zone)."""
+    capacity = {"cpu": float(group.cpu), "memory": parse_quantity(group.memory), "pods": PODS_PER_NODE,
+                "nvidia.com/gpu": float(group.gpus_per_node)}
+    return InstanceType(group.name, "amd64", ("linux",), capacity,
+                        (Offering(SIM_ZONE, "on-demand", group.price_per_hour),), gpu_model=group.gpu_model,
+                        overhead={})
+
+
+class EngineProvider:
+    """A cloud provider whose instances are simulator nodes."""
+
+    name = "kubegpu-simulator"
+
+    def __init__(self, sim: SimControl, types: Sequence[InstanceType]) -> None:
+        self.sim = sim
+        self.types = list(types)
+        self.instances: dict[str, str] = {}   # providerID → node name
+        self._ready: set[str] = set()
+
+    def instance_types(self, nodepool: NodePool) -> builtins.list[InstanceType]:
+        return list(self.types)
+
+    def create(self, nodeclaim: dict[str, Any]) -> dict[str, Any]:
+        meta = nodeclaim["metadata"]
+        sharing = sharing_of(meta.get("labels") or {}, meta.get("annotations") or {}, f"NodeClaim {meta['name']}")
+        it, offering = launch_choice(self.types, nodeclaim, lambda t: sharing_capacity(sharing, t))
+        node_name = self.sim.add_node(it.name)
+        provider_id = f"sim://{node_name}"
+        self.instances[provider_id] = node_name
+        full = sharing_capacity(sharing, it)
+        labels = {**(meta.get("labels") or {}), **it.labels, **offering.labels()}
+        return {**nodeclaim, "metadata": {**meta, "labels": labels},
+                "status": {**(nodeclaim.get("status") or {}), "providerID": provider_id, "nodeName": node_name,
+                           "capacity": quantities(full), "allocatable": quantities(full)}}
+
+    def tick(self) -> None:
+        """The kubelet's part: mark our simulator nodes Ready once the simulator has brought them up."""
+        ours = set(self.instances.values())
+        for view in self.sim.nodes():
+            if view.name in ours and view.ready and view.name not in self._ready:
+                try:
+                    node = self.sim.cluster.get("Node", view.name)
+                except KubegpuError:
+                    continue
+                conditions = with_condition((node.get("status") or {}).get("conditions") or [], "Ready", "True",
+                                            "KubeletReady", self.sim.clock.now())
+                self.sim.cluster.patch("Node", view.name, {"status": {"conditions": conditions}},
+                                       subresource="status")
+                self._ready.add(view.name)
+
+    def delete(self, nodeclaim: dict[str, Any]) -> None:
+        provider_id = (nodeclaim.get("status") or {}).get("providerID", "")
+        name = self.instances.pop(provider_id, None)
+        if name is None:
+            raise NodeClaimNotFoundError(f"nodeclaim {nodeclaim['metadata']['name']}: instance already gone")
+        with contextlib.suppress(KubegpuError):
+            self.sim.cluster.patch("Node", name, {"metadata": {"finalizers": None}})
+        self._ready.discard(name)
+        try:
+            self.sim.remove_node(name)
+        except KubegpuError as exc:
+            raise NodeClaimNotFoundError(str(exc)) from None
+
+    def get(self, provider_id: str) -> dict[str, Any]:
+        name = self.instances.get(provider_id)
+        if name is None:
+            raise NodeClaimNotFoundError(f"instance {provider_id} not found")
+        result: dict[str, Any] = self.sim.cluster.get("Node", name)
+        return result
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        out = []
+        for provider_id in builtins.list(self.instances):
+            try:
+                out.append(self.get(provider_id))
+            except KubegpuError:
+                continue
+        return out
+
+    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
+        return ""
+
+
+def _sharing(argument: str | None) -> tuple[Strategy, dict[str, str], dict[str, str]]:
+    """The simulator strategy that shapes nodes and pod requests, plus the NodePool labels/annotations to match."""
+    text = argument or "exclusive"
+    if text == "exclusive":
+        return Exclusive("exclusive"), {}, {}
+    if text.startswith("time-slicing-") and text.removeprefix("time-slicing-").isdigit():
+        replicas = int(text.removeprefix("time-slicing-"))
+        if not 2 <= replicas <= 48:
+            raise ConfigError(f"strategy autoscaler:{text}: replicas must be 2..48")
+        config = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+                  f"    - name: nvidia.com/gpu\n      replicas: {replicas}\n")
+        return TimeSlicing(text, replicas), {}, {L.DEVICE_PLUGIN_CONFIG_ANNOTATION: config}
+    if text.startswith("mig-") and len(text) > 4:
+        layout = text.removeprefix("mig-")
+        return StaticMig(text, layout), {L.MIG_CONFIG_LABEL: layout}, {}
+    raise ConfigError(f"strategy autoscaler:{text}: want exclusive, time-slicing-<N> or mig-<mig-parted config>")
+
+
+class AutoscalerStrategy(BaseStrategy):
+    tick_interval: float | None = 5.0
+
+    def __init__(self, name: str, argument: str | None) -> None:
+        super().__init__(name)
+        self.delegate, self.labels, self.annotations = _sharing(argument)
+        self.autoscaler: Autoscaler | None = None
+        self.timeline: list[tuple[float, int, float]] = []   # (time, nodes, $/h)
+
+    def nodepool(self) -> NodePool:
+        return parse_nodepool({
+            "apiVersion": L.API_VERSION, "kind": "NodePool", "metadata": {"name": "sim"},
+            "spec": {"template": {"metadata": {"labels": self.labels, "annotations": self.annotations},
+                                  "spec": {"requirements": []}},
+                     "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "60s"}},
+        }, f"strategy {self.name}")
+
+    def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
+        return self.delegate.node_setup(group, model, gpus)
+
+    def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
+        return self.delegate.request_for(job, models)
+
+    def on_start(self, sim: SimControl) -> None:
+        from kubegpu.gpu.catalog import get_model
+        from kubegpu.gpu.simulated import SimulatedBackend
+
+        for group in sim.node_groups:   # let MIG request sizing know every profile a node could offer
+            backend = SimulatedBackend.create(None, gpus=f"{group.gpus_per_node}x{group.gpu_model}")
+            self.delegate.node_setup(group, get_model(group.gpu_model), backend.devices())
+        pool = self.nodepool()
+        sim.cluster.create(pool.model_dump(mode="json", exclude_none=True))
+        provider = EngineProvider(sim, [group_instance_type(g) for g in sim.node_groups])
+        self.autoscaler = Autoscaler(sim.cluster, provider, sim.clock, Options(evict_pods=False))
+
+    def on_tick(self, sim: SimControl) -> None:
+        if self.autoscaler is None:
+            return
+        self.autoscaler.step()
+        prices = {g.name: g.price_per_hour for g in sim.node_groups}
+        views = sim.nodes()
+        self.timeline.append((sim.clock.now(), len(views), sum(prices.get(v.group, 0.0) for v in views)))
+
+
+register_strategy("autoscaler", lambda argument: AutoscalerStrategy(f"autoscaler:{argument or 'exclusive'}",
+                                                                    argument))

@@ -1,0 +1,103 @@
+"""`kubegpu provision` and the NodePool kind in `kubegpu validate-config`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from kubegpu.cli import app
+from tests.autoscaler.builders import nodepool, pod
+
+runner = CliRunner()
+
+
+def files(tmp_path: Path, pools: list, pods: list) -> tuple[Path, Path]:
+    pools_path = tmp_path / "pools.yaml"
+    pools_path.write_text(yaml.safe_dump_all(pools))
+    pods_path = tmp_path / "pods.json"
+    pods_path.write_text(json.dumps(pods))
+    return pools_path, pods_path
+
+
+def provision(*args: str) -> tuple[int, str]:
+    from kubegpu.cli import main  # noqa: F401  (the entry point wraps errors; reproduce it here)
+    from kubegpu.errors import KubegpuError
+
+    try:
+        result = runner.invoke(app, ["provision", *args], catch_exceptions=False)
+    except KubegpuError as exc:
+        return 1, f"error: {exc}"
+    return result.exit_code, result.output
+
+
+def test_provision_json_lists_nodeclaims_and_unschedulable(tmp_path: Path) -> None:
+    gpu_pool = nodepool("gpu", weight=10, labels={"nvidia.com/mig.config": "all-1g.10gb"},
+                        requirements=[{"key": "nvidia.com/gpu.product", "operator": "In",
+                                       "values": ["NVIDIA-A100-SXM4-80GB"]}])
+    pods = [pod(f"m{i}", cpu="1", limits={"nvidia.com/mig-1g.10gb": 1}) for i in range(3)]
+    pods.append(pod("fpga", limits={"example.com/fpga": 1}))
+    pools_path, pods_path = files(tmp_path, [gpu_pool, nodepool("default")], pods)
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "json")
+    assert code == 0, out
+    data = json.loads(out)
+    [claim] = data["nodeclaims"]
+    assert claim["nodepool"] == "gpu" and claim["instanceType"] == "p4de.24xlarge"
+    assert sorted(claim["pods"]) == ["m0", "m1", "m2"]
+    assert claim["price"] > 0
+    assert data["unschedulable"] == [{"pod": "fpga", "namespace": "default",
+                                      "reason": "no instance type offers example.com/fpga"}]
+
+
+def test_provision_uses_existing_nodes_from_file(tmp_path: Path) -> None:
+    node = {"kind": "Node", "metadata": {"name": "n1", "labels": {}},
+            "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"}}}
+    nodes_path = tmp_path / "nodes.yaml"
+    nodes_path.write_text(yaml.safe_dump({"kind": "List", "items": [node]}))
+    pools_path, pods_path = files(tmp_path, [nodepool("default")], [pod("a", cpu="2"), pod("b", cpu="3")])
+    _code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "--nodes", str(nodes_path),
+                          "-o", "json")
+    data = json.loads(out)
+    assert data["existing"] == {"n1": ["b"]}
+    assert [c["pods"] for c in data["nodeclaims"]] == [["a"]]
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
+    bad_pool = nodepool("bad", requirements=[{"key": "a", "operator": "Gt", "values": ["x"]}])
+    pools_path, pods_path = files(tmp_path, [bad_pool], [pod("a")])
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "json")
+    assert code == 1
+    assert out.startswith(f"error: {pools_path}: NodePool bad: spec.template.spec.requirements[0]")
+    pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("a", cpu="lots")])
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
+    assert code == 1 and str(pods_path) in out and "lots" in out and out.strip().count("\n") == 0
+    pods_path.write_text("- [unclosed")
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
+    assert code == 1 and "invalid YAML/JSON" in out
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "xml")
+    assert code == 1 and "--output" in out
+    pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("a", spec={"nodeName": "ghost"})])
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
+    assert code == 1 and "spec.nodeName 'ghost' is not among the --nodes" in out
+
+
+def test_validate_config_knows_nodepools(tmp_path: Path) -> None:
+    from kubegpu.config import validate_document
+
+    kind, summary = validate_document(nodepool("x", weight=5), "pool.yaml")
+    assert kind == "NodePool" and "weight 5" in summary
+
+
+def test_entry_point_exits_1_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pools_path, pods_path = files(tmp_path, [nodepool("b", disruption={"budgets": [{"nodes": "-1"}]})], [pod("a")])
+    proc = subprocess.run([sys.executable, "-c", "from kubegpu.cli import main; main()", "provision",
+                           "--nodepools", str(pools_path), "--pods", str(pods_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0
+    assert "spec.disruption.budgets[0].nodes" in proc.stderr and "Traceback" not in proc.stderr
