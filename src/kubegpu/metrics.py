@@ -1,8 +1,9 @@
 """kubegpu's own component metrics, under `kubegpu_`, in one place so names never drift between the code, the
 Grafana dashboard (`deploy/grafana/kubegpu-dashboard.json`) and the docs.
 
-Each component builds its metrics on a registry it is handed (tests use a fresh one; processes use the default),
-and serves them with `serve_metrics`.
+The autoscaler keeps its own (Karpenter's `karpenter_*` names plus `kubegpu_autoscaler_decisions_total`) in
+`kubegpu.autoscaler.metrics`. Each component builds its metrics on a registry it is handed (tests use a fresh one;
+processes use the default), and serves them with `serve_metrics`.
 """
 
 from __future__ import annotations
@@ -40,26 +41,6 @@ class PartitionerMetrics:
             ),
             plan_seconds=Gauge(
                 "kubegpu_partitioner_last_plan_duration_seconds", "Time the last plan took.", registry=registry
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class AutoscalerMetrics:
-    decisions: Counter
-    nodeclaims: Gauge
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry = REGISTRY) -> AutoscalerMetrics:
-        return cls(
-            decisions=Counter(
-                "kubegpu_autoscaler_decisions",
-                "Autoscaler decisions, by kind (launch, delete, replace, expire).",
-                ["decision"],
-                registry=registry,
-            ),
-            nodeclaims=Gauge(
-                "kubegpu_autoscaler_nodeclaims", "NodeClaims by NodePool.", ["nodepool"], registry=registry
             ),
         )
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from kubegpu.autoscaler.provisioner import take_snapshot
 from kubegpu.autoscaler.state import is_true
+from kubegpu.kube import ApiError
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
 
 A100 = "A100-SXM4-80GB"
@@ -61,6 +65,8 @@ def test_gpu_pods_walk_the_whole_lifecycle() -> None:
     assert registry.get_sample_value("karpenter_nodeclaims_disrupted_total",
                                      {"reason": "empty", "nodepool": "mig", "capacity_type": "on-demand"}) == 1
     assert registry.get_sample_value("karpenter_nodes_terminated_total", {"nodepool": "mig", "zone": "zone-a"}) == 1
+    assert registry.get_sample_value("kubegpu_autoscaler_decisions_total", {"decision": "launch"}) == 1
+    assert registry.get_sample_value("kubegpu_autoscaler_decisions_total", {"decision": "empty"}) == 1
 
 
 def test_in_flight_claim_takes_later_pods() -> None:
@@ -143,3 +149,23 @@ def test_lifecycle_over_http_against_kmock(apiserver: Any) -> None:
         h.finish(f"kmock-{i}")
     h.run(30, step=5)
     assert not h.nodes() and not h.claims()
+
+
+class _ForbiddenPdbs:
+    """A cluster whose RBAC lacks PodDisruptionBudgets: that list is refused with 403."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    def list(self, kind: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        if kind == "PodDisruptionBudget":
+            raise ApiError("poddisruptionbudgets is forbidden", code=403, reason="Forbidden")
+        return list(self.cluster.list(kind, *args, **kwargs))
+
+
+def test_a_forbidden_list_is_raised_not_read_as_empty() -> None:
+    """Reading 403 as "no PDBs" would let consolidation drain through every PDB without a word."""
+    h = Harness(TYPES)
+    with pytest.raises(ApiError, match="forbidden"):
+        take_snapshot(_ForbiddenPdbs(h.cluster))  # type: ignore[arg-type]
+    assert take_snapshot(h.cluster).pdbs == []  # not served / none: empty

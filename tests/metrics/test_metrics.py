@@ -8,19 +8,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubegpu.errors import ConfigError
-from kubegpu.metrics import AutoscalerMetrics, PartitionerMetrics, serve_metrics
+from kubegpu.metrics import PartitionerMetrics, serve_metrics
 
 
 def test_component_metrics_are_served_without_created_series() -> None:
     registry = CollectorRegistry()
-    autoscaler = AutoscalerMetrics.create(registry)
     partitioner = PartitionerMetrics.create(registry)
-    autoscaler.decisions.labels(decision="launch").inc(2)
-    partitioner.plans.labels(result="applied").inc()
+    partitioner.plans.labels(result="applied").inc(2)
     port = serve_metrics("127.0.0.1:0", registry)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    assert 'kubegpu_autoscaler_decisions_total{decision="launch"} 2.0' in body
-    assert 'kubegpu_partitioner_plans_total{result="applied"} 1.0' in body
+    assert 'kubegpu_partitioner_plans_total{result="applied"} 2.0' in body
     assert "_created" not in body
 
 

@@ -142,12 +142,9 @@ def autoscaler_command(
         scaler.step()
         return
     if metrics_port:
-        from prometheus_client import start_http_server
+        from kubegpu.metrics import serve_metrics
 
-        try:
-            start_http_server(metrics_port, registry=scaler.metrics.registry)
-        except OSError as exc:
-            raise ConfigError(f"--metrics-port {metrics_port}: cannot listen: {exc.strerror}") from None
+        serve_metrics(f":{metrics_port}", scaler.metrics.registry)
     asyncio.run(scaler.run(interval))
 
 

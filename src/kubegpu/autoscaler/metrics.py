@@ -36,3 +36,7 @@ class AutoscalerMetrics:
         self.allowed_disruptions = Gauge("karpenter_nodepools_allowed_disruptions",
                                          "Nodes a NodePool may disrupt now, per reason.", ["nodepool", "reason"],
                                          registry=r)
+        # kubegpu's own view, shared with the Grafana dashboard: one counter for every decision the autoscaler takes
+        self.decisions = Counter("kubegpu_autoscaler_decisions",
+                                 "Autoscaler decisions, by kind (launch, or the disruption reason: empty, "
+                                 "underutilized, drifted, expired).", ["decision"], registry=r)

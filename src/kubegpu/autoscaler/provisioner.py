@@ -28,6 +28,7 @@ from kubegpu.autoscaler.state import (
     pods_by_node,
 )
 from kubegpu.errors import KubegpuError
+from kubegpu.kube import NotFound
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
 from kubegpu.scheduling.quantity import format_quantity
 
@@ -58,9 +59,11 @@ class Snapshot:
 
 
 def _list(cluster: Cluster, kind: str) -> list[dict[str, Any]]:
+    """A kind the API server does not serve (no PDBs, CRDs not installed yet) reads as empty; any other failure
+    (403 from missing RBAC, a broken connection) is raised, so a pass never acts on a silently partial view."""
     try:
         return cluster.list(kind)
-    except KubegpuError:
+    except NotFound:
         return []
 
 
@@ -306,6 +309,7 @@ class Provisioner:
         self.nominations[name_of(created)] = {pod_key(p) for p in plan.pods}
         if self.metrics is not None:
             self.metrics.nodeclaims_created.labels("provisioned", pool.name, "false").inc()
+            self.metrics.decisions.labels("launch").inc()
         for pod in plan.pods:
             self._event(pod, "Nominated", f"Pod should schedule on: nodeclaim/{claim['metadata']['name']}",
                         "Normal")

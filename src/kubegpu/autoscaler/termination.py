@@ -119,6 +119,7 @@ class Termination:
             labels = (claim.get("metadata") or {}).get("labels") or {}
             self.metrics.nodeclaims_disrupted.labels(reason, labels.get(L.NODEPOOL_LABEL, ""),
                                                      labels.get(L.CAPACITY_TYPE_LABEL, "")).inc()
+            self.metrics.decisions.labels(reason).inc()
         node_name = (claim.get("status") or {}).get("nodeName")
         if node_name:
             taint_node(self.cluster, node_name, True)
