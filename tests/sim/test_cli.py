@@ -62,9 +62,13 @@ def test_simulate_prints_a_table_and_writes_json_and_report(scenario_file: Path,
         assert key in first
     assert first["cost"] == pytest.approx(8.0 * 3)
     assert len(first["samples"]) == 3 * 6 + 1
+    costs = [sample["cost"] for sample in first["samples"]]
+    assert costs[0] == 0 and costs == sorted(costs) and costs[-1] == pytest.approx(first["cost"])
+    assert {sample["nodes"] for sample in first["samples"]} == {1}  # the tiny cluster: one fixed node
     page = out_html.read_text()
     assert page.startswith("<!DOCTYPE html>")
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count("data:image/png;base64,") == 5
+    assert "Cluster size and cost" in page
     assert "<script" not in page and "http" not in page.split("<main>")[1].split("docs/simulator.md")[0]
 
 

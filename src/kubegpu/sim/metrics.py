@@ -44,6 +44,8 @@ class Sample:
     pending: int
     running: int
     gpus: int
+    nodes: int = 0
+    cost: float = 0.0  # dollars spent so far
 
 
 @dataclass
@@ -187,7 +189,7 @@ class Collector:
         gpus = max(self.gpus, 1)
         memory = max(self.memory_capacity, 1e-9)
         self.samples.append(Sample(t, self.alloc / gpus, self.useful_rate / gpus, self.memory / memory, pending,
-                                   self.running, self.gpus))
+                                   self.running, self.gpus, len(self.node_gpus), round(self.cost, 2)))
 
     # result ----------------------------------------------------------------------------------------------------
     def result(self, scenario: Scenario, jobs: Sequence[Job]) -> StrategyResult:

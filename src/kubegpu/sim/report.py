@@ -187,6 +187,29 @@ def pending_figure(results: Sequence[StrategyResult]) -> Figure:
     return figure
 
 
+def capacity_figure(results: Sequence[StrategyResult]) -> Figure:
+    """Nodes and money over the day: flat for a fixed cluster, the autoscaler's launches and consolidations."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 5.2), layout="constrained")
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    for color, result in zip(PALETTE * 4, results, strict=False):
+        hours = _hours(result.samples)
+        top.step(hours, [s.nodes for s in result.samples], where="post", color=color, lw=2, label=result.strategy)
+        bottom.plot(hours, [s.cost for s in result.samples], color=color, lw=2, label=result.strategy)
+    top.set_ylabel("nodes")
+    top.set_title("Nodes in the cluster", loc="left", fontsize=11)
+    bottom.set_ylabel("dollars")
+    bottom.set_title("Money spent so far", loc="left", fontsize=11)
+    bottom.set_xlabel("simulated hour")
+    for ax in (top, bottom):
+        _style(ax)
+        ax.set_ylim(bottom=0)
+    handles, labels = top.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside upper center", ncol=min(6, len(results)), frameon=False)
+    return figure
+
+
 def bars_figure(results: Sequence[StrategyResult]) -> Figure:
     from matplotlib.figure import Figure
 
@@ -291,6 +314,7 @@ def render_html(report: SimulationReport) -> str:
     images = [
         ("Utilisation over time", utilization_figure(results)),
         ("Waiting", pending_figure(results)),
+        ("Cluster size and cost", capacity_figure(results)),
         ("Side by side", bars_figure(results)),
         ("Who got served", classes_figure(results)),
     ]
