@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -101,7 +101,29 @@ class _Instance:
     registered: bool = False
 
 
-class SimulatedProvider:
+class InstanceListing:
+    """What the simulated providers share: the instances they launched, keyed by providerID, listed through `get`.
+    Nothing they launch ever drifts from its NodePool's provider-side settings."""
+
+    instances: Mapping[str, Any]
+
+    def get(self, provider_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        out = []
+        for provider_id in builtins.list(self.instances):
+            try:
+                out.append(self.get(provider_id))
+            except KubegpuError:
+                continue
+        return out
+
+    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
+        return ""
+
+
+class SimulatedProvider(InstanceListing):
     """A kwok-style provider: Nodes in the cluster, GPUs as in-memory simulated backends."""
 
     name = "kubegpu-sim"
@@ -200,18 +222,6 @@ class SimulatedProvider:
         if inst is None:
             raise NodeClaimNotFoundError(f"instance {provider_id} not found")
         return self.cluster.get("Node", inst.node_name)
-
-    def list(self) -> builtins.list[dict[str, Any]]:
-        out = []
-        for provider_id in list(self.instances):
-            try:
-                out.append(self.get(provider_id))
-            except KubegpuError:
-                continue
-        return out
-
-    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
-        return ""
 
     def backend_for(self, node_name: str) -> GpuBackend | None:
         for inst in self.instances.values():

@@ -22,7 +22,7 @@ from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.gpu_capacity import sharing_capacity, sharing_of
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
-from kubegpu.autoscaler.provider import NodeClaimNotFoundError, launch_choice, quantities
+from kubegpu.autoscaler.provider import InstanceListing, NodeClaimNotFoundError, launch_choice, quantities
 from kubegpu.autoscaler.state import is_true, with_condition
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling import parse_quantity
@@ -56,7 +56,7 @@ def group_instance_type(group: NodeGroup) -> InstanceType:
                         overhead={})
 
 
-class EngineProvider:
+class EngineProvider(InstanceListing):
     """A cloud provider whose instances are simulator nodes."""
 
     name = "kubegpu-simulator"
@@ -117,18 +117,6 @@ class EngineProvider:
             raise NodeClaimNotFoundError(f"instance {provider_id} not found")
         result: dict[str, Any] = self.sim.cluster.get("Node", name)
         return result
-
-    def list(self) -> builtins.list[dict[str, Any]]:
-        out = []
-        for provider_id in builtins.list(self.instances):
-            try:
-                out.append(self.get(provider_id))
-            except KubegpuError:
-                continue
-        return out
-
-    def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
-        return ""
 
 
 def _sharing(argument: str | None) -> tuple[Strategy, dict[str, str], dict[str, str]]:

@@ -41,7 +41,15 @@ from kubegpu.partitioner.planner import (
 )
 from kubegpu.scheduling import pod_requests
 from kubegpu.sim.scenario import NodeGroup
-from kubegpu.sim.strategies import GPU, BaseStrategy, GpuRequest, NodeSetup, NodeView, SimControl, register_strategy
+from kubegpu.sim.strategies import (
+    BaseStrategy,
+    GpuRequest,
+    NodeSetup,
+    NodeView,
+    SimControl,
+    register_strategy,
+    smallest_slice_request,
+)
 from kubegpu.sim.workload import Job
 
 MIG_RECONFIGURE_DELAY_S = 15.0
@@ -136,14 +144,7 @@ class DynamicMig(_Dynamic):
         return NodeSetup(device_plugin_config=config, mig_layout={gpu.index: [] for gpu in gpus})
 
     def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
-        """The smallest slice whose memory holds the pod's, as a user sizing by memory would ask."""
-        by_memory = sorted(self.offered.items(), key=lambda item: (item[1], item[0]))
-        for resource, memory in by_memory:
-            if job.memory_gib <= memory:
-                return GpuRequest(resource, job.gpus)
-        if self.whole_gpus or not by_memory:
-            return GpuRequest(GPU, job.gpus)
-        return GpuRequest(by_memory[-1][0], job.gpus)
+        return smallest_slice_request(job, self.offered, self.whole_gpus)
 
     def node_input(self, view: NodeView) -> NodeInput | None:
         """Every instance as the agent reports it, marked used when a running pod holds it (the engine's real

@@ -191,6 +191,19 @@ class Mps(TimeSlicing):
         return NodeSetup(device_plugin_config={"version": "v1", "sharing": {"mps": sharing}})
 
 
+def smallest_slice_request(job: Job, offered: Mapping[str, float], whole_gpus: bool) -> GpuRequest:
+    """The smallest offered MIG slice whose memory (GiB) holds the pod's, as a user sizing by memory asks; a pod too
+    big for every slice asks for whole GPUs where the cluster has some, else the largest slice (and runs out of
+    memory there)."""
+    by_memory = sorted(offered.items(), key=lambda item: (item[1], item[0]))
+    for resource, memory in by_memory:
+        if job.memory_gib <= memory:
+            return GpuRequest(resource, job.gpus)
+    if whole_gpus or not by_memory:
+        return GpuRequest(GPU, job.gpus)
+    return GpuRequest(by_memory[-1][0], job.gpus)
+
+
 class StaticMig(BaseStrategy):
     """MIG-capable GPUs carry one mig-parted layout (`all-balanced`, `all-3g.40gb`, ...) for the whole run, on every
     node or only on the node groups named after `@` (`static-mig:all-balanced@a100+l40s`); other nodes keep whole
@@ -230,13 +243,7 @@ class StaticMig(BaseStrategy):
         return NodeSetup(device_plugin_config=config, mig_layout=layout)
 
     def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
-        by_memory = sorted(self.offered.items(), key=lambda item: (item[1], item[0]))
-        for resource, memory in by_memory:
-            if job.memory_gib <= memory:
-                return GpuRequest(resource, job.gpus)
-        if self.whole_gpus or not by_memory:
-            return GpuRequest(GPU, job.gpus)
-        return GpuRequest(by_memory[-1][0], job.gpus)
+        return smallest_slice_request(job, self.offered, self.whole_gpus)
 
 
 def _static_mig(argument: str | None) -> Strategy:
