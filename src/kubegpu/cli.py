@@ -27,9 +27,13 @@ COMPONENT_CLIS = (
     "kubegpu.exporter.cli",
 )
 
+# click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
+_ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
 
 class _OneLineErrors(TyperGroup):
-    """Bad input anywhere ends as one `error:` line and exit status 1 — in the real command and under CliRunner."""
+    """Bad input anywhere ends as one `error:` line — exit status 1 for bad files and values, 2 for a malformed
+    command line (a wrong flag or value type) — in the real command and under CliRunner alike."""
 
     def invoke(self, ctx: Any) -> Any:  # typer vendors click; its Context type is private
         try:
@@ -37,6 +41,11 @@ class _OneLineErrors(TyperGroup):
         except KubegpuError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
+        except _ClickException as exc:
+            command = getattr(getattr(exc, "ctx", None), "command_path", None) or "kubegpu"
+            message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+            typer.echo(f"error: {command}: {message} (see '{command} --help')", err=True)
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
 
 
 app = typer.Typer(

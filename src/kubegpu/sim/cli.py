@@ -14,6 +14,7 @@ from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.sim.report import LEGEND, headline, results_tables, write_html
 from kubegpu.sim.runner import run_scenario, strategy_names
 from kubegpu.sim.scenario import Scenario, default_scenario, load_scenario
+from kubegpu.sim.strategies import get_strategy
 
 
 def _scenario(path: Path | None, seed: int | None, duration_hours: float | None) -> Scenario:
@@ -55,6 +56,8 @@ def simulate(
             raise KubegpuError(f"{flag} {path}: cannot write: directory {path.parent} does not exist")
     scenario = _scenario(scenario_file, seed, duration)
     names = strategy_names(scenario, _strategies(strategies))
+    for name in names:
+        get_strategy(name)  # a bad name is one error line before any progress bar is drawn
     with Progress(
         TextColumn("[bold]{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
         console=console, transient=False,
