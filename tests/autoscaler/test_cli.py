@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -23,11 +25,15 @@ def files(tmp_path: Path, pools: list, pods: list) -> tuple[Path, Path]:
 
 
 def provision(*args: str) -> tuple[int, str]:
+    return invoke("provision", *args)
+
+
+def invoke(*args: str) -> tuple[int, str]:
     from kubegpu.cli import main  # noqa: F401  (the entry point wraps errors; reproduce it here)
     from kubegpu.errors import KubegpuError
 
     try:
-        result = runner.invoke(app, ["provision", *args], catch_exceptions=False)
+        result = runner.invoke(app, list(args), catch_exceptions=False)
     except KubegpuError as exc:
         return 1, f"error: {exc}"
     return result.exit_code, result.output
@@ -81,6 +87,48 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
     pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("a", spec={"nodeName": "ghost"})])
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
     assert code == 1 and "spec.nodeName 'ghost' is not among the --nodes" in out
+    pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("neg", limits={"nvidia.com/gpu": "-1"})])
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
+    assert code == 1 and "pod default/neg: spec.containers[0].resources.nvidia.com/gpu: must not be negative" in out
+
+
+NODE = {"kind": "Node", "metadata": {"name": "n1", "labels": {}}, "spec": {"taints": []},
+        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"}}}
+
+
+def _node(**changes: Any) -> dict[str, Any]:
+    node = json.loads(json.dumps(NODE))
+    for path, value in changes.items():
+        section, field = path.split("__")
+        node[section][field] = value
+    return node
+
+
+@pytest.mark.parametrize(("nodes", "pods", "fragment"), [
+    ([_node(status__allocatable={"cpu": "lots"})], [], "nodes.yaml: [0].status.allocatable.cpu: invalid quantity"),
+    ([_node(status__allocatable={"cpu": "-4"})], [], "nodes.yaml: [0].status.allocatable.cpu: must not be negative"),
+    ([_node(spec__taints=[5])], [], "nodes.yaml: [0].spec.taints[0]: expected {key, value, effect}"),
+    ([_node(metadata__labels=["gpu"])], [], "nodes.yaml: [0].metadata.labels: expected a mapping"),
+    ([NODE, NODE], [], "nodes.yaml: [1].metadata.name: duplicate Node 'n1'"),
+    ([], [pod("a"), pod("a")], "pods.json: [1].metadata.name: duplicate Pod 'default/a'"),
+    ([], [pod("a", spec={"containers": 5})], "pods.json: pod default/a: spec / containers / resources: cannot be"),
+    ([], [pod("a", spec={"tolerations": ["gpu"]})], "pods.json: pod default/a: spec.affinity / nodeSelector / "
+                                                     "tolerations: cannot be read"),
+])
+def test_malformed_nodes_and_pods_files_are_one_line(tmp_path: Path, nodes: list[dict[str, Any]],
+                                                     pods: list[dict[str, Any]], fragment: str) -> None:
+    nodes_path = tmp_path / "nodes.yaml"
+    nodes_path.write_text(yaml.safe_dump(nodes))
+    pools_path, pods_path = files(tmp_path, [nodepool("ok")], pods)
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "--nodes", str(nodes_path))
+    assert code == 1 and out.strip().count("\n") == 0
+    assert out.startswith(f"error: {tmp_path}/") and fragment in out
+
+
+def test_duplicate_nodepool_names_are_one_line(tmp_path: Path) -> None:
+    pools_path, pods_path = files(tmp_path, [nodepool("gpu"), nodepool("gpu")], [pod("a")])
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
+    assert code == 1 and "pools.yaml: [1].metadata.name: duplicate NodePool 'gpu'" in out
 
 
 def test_validate_config_knows_nodepools(tmp_path: Path) -> None:
@@ -101,3 +149,13 @@ def test_entry_point_exits_1_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0
     assert "spec.disruption.budgets[0].nodes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--registration-delay", "-5"], "--registration-delay must be >= 0 and --interval > 0"),
+    (["--interval", "0"], "--registration-delay must be >= 0 and --interval > 0"),
+    (["--metrics-port", "70000"], "--metrics-port: must be 0 (off) or a port 1..65535, got 70000"),
+])
+def test_autoscaler_flags_are_checked_before_touching_the_cluster(flags: list[str], message: str) -> None:
+    code, out = invoke("autoscaler", "--once", *flags)
+    assert (code, out) == (1, f"error: {message}\n")

@@ -51,6 +51,8 @@ def test_karpenter_kwok_file_loads(tmp_path: Path) -> None:
         (lambda e: e["resources"].update(cpu="eight"), "[0].resources.cpu"),
         (lambda e: e.update(offerings=[]), "[0].offerings: must be a non-empty list"),
         (lambda e: e.update(gpuModel="Z9000"), "[0].gpuModel"),
+        (lambda e: e["offerings"][0].update(Available="maybe"), "[0].offerings[0].Available: must be true or false"),
+        (lambda e: e["resources"].update({"nvidia.com/gpu": "-1"}), "[0].resources.nvidia.com/gpu: must not be"),
     ],
 )
 def test_malformed_entries_are_one_line(tmp_path: Path, mutate: object, fragment: str) -> None:

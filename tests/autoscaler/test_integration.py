@@ -86,17 +86,19 @@ def test_bad_nodepool_and_unservable_pod_do_not_stop_the_rest() -> None:
     h.add(pod("ok", cpu="1"))
     h.add(pod("fpga", limits={"example.com/fpga": 1}))
     h.add(pod("garbled", cpu="lots"))
+    h.add(pod("negative", limits={"nvidia.com/gpu": "-1"}))
     h.run(3)
     assert [c["metadata"]["labels"]["kubegpu.io/nodepool"] for c in h.claims()] == ["good"]
     assert sum("NodePool broken: spec.template.spec.requirements[0]" in line for line in h.lines) == 1
     [invalid] = events(h, "InvalidNodePool")
     assert invalid["involvedObject"]["name"] == "broken"
     failed = {e["involvedObject"]["name"]: e["message"] for e in events(h, "FailedScheduling")}
-    assert set(failed) == {"fpga", "garbled"}
+    assert set(failed) == {"fpga", "garbled", "negative"}
+    assert "spec.containers[0].resources.nvidia.com/gpu: must not be negative" in failed["negative"]
     assert "example.com/fpga" in failed["fpga"]
     assert "spec.containers[0].resources.requests.cpu: invalid quantity 'lots'" in failed["garbled"]
     h.run(5)
-    assert len(events(h, "FailedScheduling")) == 2     # reported once each, not every pass
+    assert len(events(h, "FailedScheduling")) == 3     # reported once each, not every pass
 
 
 def test_startup_taints_block_initialization_until_removed() -> None:

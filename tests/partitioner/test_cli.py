@@ -46,7 +46,8 @@ def test_plan_json_has_layouts_and_both_pod_lists(tmp_path: Path, monkeypatch: p
     state = tmp_path / "state.yaml"
     state.write_text(STATE)
     assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 0
-    doc = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
     assert doc["schedulable"] == ["wants-2g"]
     assert doc["unschedulable"] == ["wants-5g"]
     gpu = doc["nodes"][0]["gpus"][0]
@@ -55,6 +56,8 @@ def test_plan_json_has_layouts_and_both_pod_lists(tmp_path: Path, monkeypatch: p
     assert kept == [{"profile": "1g.10gb", "start": s} for s in (0, 1, 2)]
     assert {"profile": "2g.20gb", "start": 4} in gpu["instances"]
     assert doc["nodes"][1]["gpus"][0]["error"] == "GPU model 'Z9000' is not in the catalog"
+    assert captured.err == (f"warning: {state}: node node-b GPU 0: GPU model 'Z9000' is not in the catalog; "
+                            "left as it is\n")
 
 
 def test_plan_json_state_file_works_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -85,6 +88,18 @@ def test_plan_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyt
     ("nodes: [{name: a, labels: {kubegpu.io/gpu-partitioning: tpu}}]",
      "nodes[0].labels.kubegpu.io/gpu-partitioning: must be mig or mps, not 'tpu'"),
     ("nodes: [", "not valid YAML/JSON"),
+    ("nodes: [{name: a, gpus: [{model: A100-SXM4-80GB, instances: [{profile: 2g.20gb, start: 1}]}]}]",
+     "nodes[0].gpus[0].instances[0].start: 2g.20gb@1: start 1 is not a legal placement"),
+    ("nodes: [{name: a, gpus: [{model: A100-SXM4-80GB, instances: [{profile: 1g.10gb, start: 0}, "
+     "{profile: 2g.20gb, start: 0}]}]}]", "nodes[0].gpus[0].instances[1].start: 2g.20gb@0 overlaps 1g.10gb@0"),
+    ("nodes: [{name: a, labels: {kubegpu.io/gpu-partitioning: mps}, gpus: [{model: A30-24GB, "
+     "instances: [{profile: 20gb}, {profile: 10gb}]}]}]", "nodes[0].gpus[0].instances: MPS slices add up to more"),
+    ("nodes: [{name: a}, {name: a}]", "nodes[1]: duplicate node name 'a'"),
+    ("pods: [{name: p}, {name: p, namespace: default}]", "pods[1]: duplicate pod 'default/p'"),
+    ("pods: [{name: p, requests: {nvidia.com/mig-1g.10gb: lots}}]",
+     "pods[0].requests.nvidia.com/mig-1g.10gb: invalid quantity 'lots'"),
+    ("pods: [{name: p, requests: {nvidia.com/gpu-10gb: -1}}]",
+     "pods[0].requests.nvidia.com/gpu-10gb: must not be negative"),
 ])
 def test_bad_state_files_give_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str], content: str, message: str) -> None:

@@ -191,6 +191,24 @@ def test_impossible_profile_and_unknown_model_become_events_not_crashes() -> Non
     assert "Z9000" in messages["strange-node"]
 
 
+def test_misspelt_partitioning_label_is_an_event_and_the_node_is_left_alone() -> None:
+    clock = VirtualClock(1000)
+    cluster = MemoryCluster(clock)
+    all_1g_node(cluster, clock)
+    cluster.create(node_obj("typo-node", mode="MIG"))
+    cluster.create(pending_pod("wants-2g", "nvidia.com/mig-2g.20gb"))
+    controller = PartitionerController(cluster)
+    controller.tick(1000)
+    result = controller.tick(1010)
+    assert result.written == ["gpu-node"]  # the other node is still served
+    [event] = [e for e in cluster.list("Event") if e["involvedObject"]["name"] == "typo-node"]
+    assert event["reason"] == "PartitioningSkipped"
+    assert event["message"] == "label kubegpu.io/gpu-partitioning: must be mig or mps, not 'MIG'; node left alone"
+    assert "annotations" not in cluster.get("Node", "typo-node")["metadata"]
+    controller.tick(1100)
+    assert len([e for e in cluster.list("Event") if e["involvedObject"]["name"] == "typo-node"]) == 1
+
+
 def test_agent_refuses_to_destroy_an_instance_in_use() -> None:
     clock = VirtualClock(1000)
     cluster = MemoryCluster(clock)

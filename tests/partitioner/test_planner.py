@@ -109,6 +109,33 @@ def test_unknown_model_and_unoffered_profile_are_reported_not_raised(
     assert "requests no" in result.unschedulable["default/q"]
 
 
+def test_a_pod_with_a_bad_spec_is_reported_and_the_rest_still_planned(
+        mig_node: Callable[..., NodeInput], make_pod: Callable[..., dict[str, Any]]) -> None:
+    node = mig_node("n1", [(A100, [])])
+    bad_affinity = make_pod("aff", {"nvidia.com/mig-1g.10gb": 1})
+    bad_affinity["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Bogus"}]}]}}}
+    bad_selector = make_pod("sel", {"nvidia.com/mig-1g.10gb": 1})
+    bad_selector["spec"]["nodeSelector"] = ["pool"]
+    negative = make_pod("neg", {"nvidia.com/mig-1g.10gb": -1})
+    misshapen = make_pod("shape", {})
+    misshapen["spec"]["containers"] = 5
+    affinity_int = make_pod("aff5", {"nvidia.com/mig-1g.10gb": 1})
+    affinity_int["spec"]["affinity"] = 5
+    priority = make_pod("prio", {"nvidia.com/mig-1g.10gb": 1})
+    priority["spec"]["priority"] = "high"
+    good = make_pod("good", {"nvidia.com/mig-2g.20gb": 1})
+    result = plan([node], [bad_affinity, bad_selector, negative, misshapen, affinity_int, priority, good])
+    assert result.unschedulable["default/shape"].startswith("invalid spec: TypeError")
+    assert result.unschedulable["default/aff5"].startswith("invalid spec: spec.affinity / nodeSelector / tolerations")
+    assert result.unschedulable["default/prio"] == "invalid spec: spec.priority must be an integer, not 'high'"
+    assert result.assignments == {"default/good": "n1"}
+    assert "matchExpressions[0].operator: 'Bogus'" in result.unschedulable["default/aff"]
+    assert "spec.nodeSelector: expected a mapping" in result.unschedulable["default/sel"]
+    assert result.unschedulable["default/neg"] == "invalid requests: nvidia.com/mig-1g.10gb must not be negative"
+    assert {"default/aff", "default/sel", "default/neg"} <= result.impossible
+
+
 def test_a30_profile_ids_differ_from_a100(mig_node: Callable[..., NodeInput],
                                           make_pod: Callable[..., dict[str, Any]]) -> None:
     node = mig_node("n", [("A30-24GB", [("1g.6gb", 0, True)])])

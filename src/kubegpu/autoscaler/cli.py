@@ -16,8 +16,8 @@ from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_types, load_instance_types
 from kubegpu.autoscaler.provisioner import plan_summary, run_pass
 from kubegpu.autoscaler.scheduler import pod_problem
-from kubegpu.errors import ConfigError
-from kubegpu.scheduling import node_info
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.scheduling import node_info, parse_quantity
 
 
 def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -38,14 +38,47 @@ def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
             items.extend(doc.get("items") or [])
         else:
             items.append(doc)
+    seen: set[str] = set()
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ConfigError(f"{path}: [{i}]: expected a {kind} object, got {type(item).__name__}")
         if item.get("kind", kind) != kind:
             raise ConfigError(f"{path}: [{i}]: expected kind {kind}, got {item.get('kind')!r}")
-        if not (item.get("metadata") or {}).get("name"):
+        meta = item.get("metadata") or {}
+        if not isinstance(meta, dict) or not meta.get("name"):
             raise ConfigError(f"{path}: [{i}].metadata.name: required")
+        key = f"{meta.get('namespace') or 'default'}/{meta['name']}" if kind == "Pod" else str(meta["name"])
+        if key in seen:  # the API server keeps one object per name; a second would be counted twice
+            raise ConfigError(f"{path}: [{i}].metadata.name: duplicate {kind} {key!r}")
+        seen.add(key)
     return items
+
+
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _check_node(node: dict[str, Any], where: str) -> None:
+    """The Node fields the scheduling simulation reads, checked so a malformed one is a line, not a traceback."""
+    labels = node["metadata"].get("labels") or {}
+    if not isinstance(labels, dict):
+        raise ConfigError(f"{where}.metadata.labels: expected a mapping of label to value")
+    taints = (node.get("spec") or {}).get("taints") or []
+    if not isinstance(taints, list):
+        raise ConfigError(f"{where}.spec.taints: expected a list")
+    for k, taint in enumerate(taints):
+        if not isinstance(taint, dict) or not taint.get("key") or taint.get("effect") not in _TAINT_EFFECTS:
+            raise ConfigError(f"{where}.spec.taints[{k}]: expected {{key, value, effect}} with effect one of "
+                              f"{', '.join(_TAINT_EFFECTS)}")
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    if not isinstance(allocatable, dict):
+        raise ConfigError(f"{where}.status.allocatable: expected a mapping of resource to quantity")
+    for resource, value in allocatable.items():
+        try:
+            amount = parse_quantity(value)
+        except KubegpuError as exc:
+            raise ConfigError(f"{where}.status.allocatable.{resource}: {exc}") from None
+        if amount < 0:
+            raise ConfigError(f"{where}.status.allocatable.{resource}: must not be negative, got {value!r}")
 
 
 def load_nodepools(path: Path) -> list[NodePool]:
@@ -78,6 +111,8 @@ def provision_command(
     all_pods = load_manifests(pods, "Pod")
     _check_pods(all_pods, pods)
     existing_nodes = load_manifests(nodes, "Node") if nodes else []
+    for i, node in enumerate(existing_nodes):
+        _check_node(node, f"{nodes}: [{i}]")
     bound: dict[str, list[dict[str, Any]]] = {}
     pending: list[dict[str, Any]] = []
     for pod in all_pods:
@@ -131,6 +166,10 @@ def autoscaler_command(
 
     if batch_idle <= 0 or batch_max < batch_idle:
         raise ConfigError("--batch-idle-duration must be > 0 and --batch-max-duration at least as long")
+    if registration_delay < 0 or interval <= 0:
+        raise ConfigError("--registration-delay must be >= 0 and --interval > 0")
+    if not 0 <= metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
     types = load_instance_types(instance_types) if instance_types else default_instance_types()
     console = Console(stderr=True)
     cluster = LightkubeCluster()

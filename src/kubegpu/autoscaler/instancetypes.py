@@ -138,6 +138,8 @@ def _offering(raw: Any, where: str) -> Offering:
         raise ConfigError(f"{where}.Requirements: capacity type {capacity_type!r} is not one of {L.CAPACITY_TYPES}")
     # Like kwok, every offering is treated as available; "Available": false is kept for tests of the filter.
     available = raw.get("Available", raw.get("available", True))
+    if not isinstance(available, bool):
+        raise ConfigError(f"{where}.Available: must be true or false, got {available!r}")
     return Offering(zone=zone, capacity_type=capacity_type, price=float(price), available=bool(available))
 
 
@@ -157,6 +159,8 @@ def parse_instance_type(raw: Any, where: str) -> InstanceType:
             capacity[str(key)] = parse_quantity(value)
         except KubegpuError as exc:
             raise ConfigError(f"{where}.resources.{key}: {exc}") from None
+        if capacity[str(key)] < 0:
+            raise ConfigError(f"{where}.resources.{key}: must not be negative, got {value!r}")
     capacity.setdefault("pods", DEFAULT_PODS)
     offerings = raw.get("offerings")
     if not isinstance(offerings, list) or not offerings:

@@ -28,7 +28,7 @@ from kubegpu.autoscaler.api import NodePool
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.requirements import Requirements, pod_requirement_options
 from kubegpu.errors import ConfigError, KubegpuError
-from kubegpu.scheduling import NodeInfo, fits, parse_quantity, pod_requests, tolerates
+from kubegpu.scheduling import NodeInfo, container_requests, fits, parse_quantity, pod_requests, tolerates
 
 EPS = 1e-9
 MAX_INSTANCE_TYPES = 600
@@ -109,9 +109,16 @@ def _selector_matches(selector_json: str, labels: Mapping[str, str]) -> bool:
 def _prepare(pod: dict[str, Any]) -> _Pod:
     """Parse a pod once; ConfigError naming the pod when its resources or node affinity cannot be read."""
     spec = pod.get("spec") or {}
-    requests = pod_requests(pod)
+    try:
+        requests = pod_requests(pod)
+        _reject_negative(pod)
+    except (TypeError, AttributeError, ValueError) as exc:  # a spec of the wrong shape, not a bad quantity
+        raise ConfigError(f"pod {pod_key(pod)}: spec / containers / resources: cannot be read "
+                          f"({type(exc).__name__}: {exc})") from None
     try:
         tolerations = list(spec.get("tolerations") or [])
+        if not all(isinstance(t, dict) for t in tolerations):
+            raise TypeError("every toleration must be a mapping")
         anti = _anti_affinity_key(pod)
         options = pod_requirement_options(pod)
         shape = json.dumps([sorted(requests.items()), spec.get("nodeSelector"), spec.get("affinity"), tolerations,
@@ -120,6 +127,17 @@ def _prepare(pod: dict[str, Any]) -> _Pod:
         raise ConfigError(f"pod {pod_key(pod)}: spec.affinity / nodeSelector / tolerations: cannot be read "
                           f"({type(exc).__name__}: {exc})") from None
     return _Pod(pod, requests, options, tolerations, anti, shape)
+
+
+def _reject_negative(pod: dict[str, Any]) -> None:
+    """The API server refuses negative quantities; a summed total could hide one, so look per container."""
+    spec = pod.get("spec") or {}
+    for kind in ("containers", "initContainers"):
+        for index, container in enumerate(spec.get(kind) or ()):
+            for name, amount in container_requests(container).items():
+                if amount < 0:
+                    raise ConfigError(f"pod {pod_key(pod)}: spec.{kind}[{index}].resources.{name}: "
+                                      f"must not be negative")
 
 
 def pod_problem(pod: dict[str, Any]) -> str | None:

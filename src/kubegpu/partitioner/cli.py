@@ -30,6 +30,10 @@ def plan_command(
         raise ConfigError(f"--output: must be json or table, not {output!r}")
     nodes, pods = planner_inputs(load_state(state), str(state))
     result = plan(nodes, pods)
+    for node in nodes:  # reported, not fatal: the rest of the cluster is still planned
+        for gpu in result.nodes[node.name].gpus:
+            if gpu.error:
+                typer.echo(f"warning: {state}: node {node.name} GPU {gpu.index}: {gpu.error}; left as it is", err=True)
     if output == "json":
         typer.echo(json.dumps(plan_to_json(result, nodes), indent=2))
     else:

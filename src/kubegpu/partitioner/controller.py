@@ -251,7 +251,9 @@ class PartitionerController:
         if not self.elector.try_acquire(now):
             self.batcher.reset()
             return TickResult(leader=False)
-        nodes = [n for n in self.cluster.list("Node") if node_mode(n) is not None]
+        all_nodes = self.cluster.list("Node")
+        nodes = [n for n in all_nodes if node_mode(n) is not None]
+        self._report_bad_labels(all_nodes)
         pods = self.cluster.list("Pod")
         self._forget_served(nodes)
         pending = [p for p in pods if could_help(p) and pod_key(p) not in self._serving]
@@ -336,6 +338,14 @@ class PartitionerController:
         for gpu in result.nodes[view.name].gpus:
             if gpu.error:
                 self._event_once(view.node, "PartitioningSkipped", f"GPU {gpu.index}: {gpu.error}")
+
+    def _report_bad_labels(self, nodes: list[dict[str, Any]]) -> None:
+        """A typo in the opt-in label would otherwise leave the node silently out of partitioning."""
+        for node in nodes:
+            value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
+            if value is not None and node_mode(node) is None:
+                self._event_once(node, "PartitioningSkipped",
+                                 f"label {ann.PARTITIONING_LABEL}: must be mig or mps, not {value!r}; node left alone")
 
     def _report_unschedulable(self, pending: list[dict[str, Any]], result: Plan) -> None:
         """An Event once per pod and reason: what no re-cut can fix is worth telling the user about."""

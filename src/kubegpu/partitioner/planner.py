@@ -509,6 +509,13 @@ def _candidates(pods: Sequence[dict[str, Any]], states: Mapping[str, _NodeState]
         except KubegpuError as exc:  # a malformed pod is reported, never fatal
             rejected[pod_key(pod)] = f"invalid requests: {exc}"
             continue
+        except (TypeError, AttributeError, ValueError) as exc:  # a spec of the wrong shape
+            rejected[pod_key(pod)] = f"invalid spec: {type(exc).__name__}: {exc}"
+            continue
+        problem = _spec_problem(pod, requests)
+        if problem:
+            rejected[pod_key(pod)] = problem
+            continue
         units: list[str] = []
         for resource in sorted(r for r in requests if is_partition_resource(r)):
             units += [resource] * round(requests[resource])
@@ -523,6 +530,24 @@ def _candidates(pods: Sequence[dict[str, Any]], states: Mapping[str, _NodeState]
         else:
             candidates.append((pod, tuple(units)))
     return candidates, rejected
+
+
+def _spec_problem(pod: dict[str, Any], requests: Mapping[str, float]) -> str | None:
+    """Why this pod cannot be planned for at all; checked up front so one bad pod never stops the whole plan."""
+    negative = sorted(r for r, amount in requests.items() if amount < 0)
+    if negative:
+        return f"invalid requests: {negative[0]} must not be negative"
+    try:
+        pod_requirements(pod, requests)  # node selector, affinity and tolerations parse, or ConfigError
+    except KubegpuError as exc:
+        return f"invalid spec: {exc}"
+    except (TypeError, AttributeError, ValueError) as exc:  # a section of the wrong shape
+        return f"invalid spec: spec.affinity / nodeSelector / tolerations: {type(exc).__name__}: {exc}"
+    try:
+        pod_priority(pod)
+    except (TypeError, ValueError):
+        return f"invalid spec: spec.priority must be an integer, not {(pod.get('spec') or {}).get('priority')!r}"
+    return None
 
 
 def _size(units: tuple[str, ...]) -> float:

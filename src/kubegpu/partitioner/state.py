@@ -23,10 +23,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kubegpu.errors import ConfigError, NotFoundError
+from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
 from kubegpu.gpu.catalog import GpuModel, get_model
-from kubegpu.gpu.geometry import format_layout
+from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan
+from kubegpu.scheduling import parse_quantity
 
 PARTITIONING_LABEL = "kubegpu.io/gpu-partitioning"
 _MPS_PROFILE = re.compile(r"^(\d+)gb$")
@@ -95,8 +96,32 @@ def parse_state(data: object, source: str) -> ClusterState:
 
 def planner_inputs(state: ClusterState, source: str = "state") -> tuple[list[NodeInput], list[dict[str, Any]]]:
     """Planner inputs from a state file: unknown models become GPUs the planner reports, bad profiles errors."""
+    _check_unique([n.name for n in state.nodes], f"{source}: nodes", "node name")
+    _check_unique([f"{p.namespace}/{p.name}" for p in state.pods], f"{source}: pods", "pod")
+    for i, pod in enumerate(state.pods):
+        _check_requests(pod, f"{source}: pods[{i}].requests")
     nodes = [_node_input(n, f"{source}: nodes[{i}]") for i, n in enumerate(state.nodes)]
     return nodes, [pod_dict(p) for p in state.pods]
+
+
+def _check_unique(keys: list[str], where: str, what: str) -> None:
+    """Names are how plans and pods refer to nodes; a second entry with one would silently shadow the first."""
+    seen: set[str] = set()
+    for i, key in enumerate(keys):
+        if key in seen:
+            raise ConfigError(f"{where}[{i}]: duplicate {what} {key!r}")
+        seen.add(key)
+
+
+def _check_requests(pod: PodState, where: str) -> None:
+    """Quantities are checked here so a bad one names its field, not just the pod, and stops the run."""
+    for resource, value in pod.requests.items():
+        try:
+            amount = parse_quantity(value)
+        except KubegpuError as exc:
+            raise ConfigError(f"{where}.{resource}: {exc}") from None
+        if amount < 0:
+            raise ConfigError(f"{where}.{resource}: must not be negative, got {value!r}")
 
 
 def _node_input(node: NodeState, where: str) -> NodeInput:
@@ -127,6 +152,10 @@ def _gpu_input(mode: str, index: int, gpu: GpuState, where: str) -> GpuInput:
             if not m:
                 raise ConfigError(f"{where}.instances[{k}].profile: MPS slices are <N>gb, not {inst.profile!r}")
             slices.append(MpsSlice(int(m.group(1)), inst.used))
+        capacity_gb = model.memory_mib // 1024
+        if sum(sl.size_gb for sl in slices) > capacity_gb:
+            raise ConfigError(f"{where}.instances: MPS slices add up to more than the {model.key}'s "
+                              f"{capacity_gb} GB")
         return GpuInput(index=index, model_key=model.key, model=model, slices=tuple(slices))
     instances = []
     for k, inst in enumerate(gpu.instances):
@@ -138,7 +167,18 @@ def _gpu_input(mode: str, index: int, gpu: GpuState, where: str) -> GpuInput:
         if inst.start is None:
             raise ConfigError(f"{where}.instances[{k}].start: required for a MIG instance")
         instances.append(CurrentInstance(profile.profile_id, inst.start, inst.used))
+    _check_layout(model, instances, where)
     return GpuInput(index=index, model_key=model.key, model=model, instances=tuple(instances))
+
+
+def _check_layout(model: GpuModel, instances: list[CurrentInstance], where: str) -> None:
+    """A placement the GPU cannot have (bad start, overlap, MIG on a non-MIG model) makes the file invalid."""
+    if instances and not model.mig_capable:
+        raise ConfigError(f"{where}.instances: {model.key} does not support MIG")
+    for k in range(len(instances)):
+        problems = layout_errors(model, [PlacedInstance(i.profile_id, i.start) for i in instances[:k + 1]])
+        if problems:
+            raise ConfigError(f"{where}.instances[{k}].start: {problems[0]}")
 
 
 def pod_dict(pod: PodState) -> dict[str, Any]:
