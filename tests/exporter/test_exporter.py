@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from kubegpu.cli import app
 from kubegpu.errors import ConfigError
-from kubegpu.exporter.attribution import ContainerDevices, PodInfo, PodResourcesClient, attribute
+from kubegpu.exporter.attribution import ContainerDevices, EntityKey, PodInfo, PodResourcesClient, attribute
+from kubegpu.exporter.cli import parse_address
 from kubegpu.exporter.collector import build_families, read_node
 from kubegpu.exporter.counters import load_counters, parse_counters
+from kubegpu.exporter.exposition import render_text
 from kubegpu.exporter.server import Exporter, serve
 from kubegpu.gpu.simulated import SimulatedBackend
 from tests.fakes.fake_podresources import FakePodResources
@@ -47,12 +52,44 @@ def test_default_counters_are_dcgm_exporters_26_active_lines() -> None:
 
 def test_malformed_record_names_the_line() -> None:
     text = "# comment\nDCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\nDCGM_FI_DEV_FB_USED, gauge\n"
-    with pytest.raises(ConfigError, match=r"^my.csv:3: malformed CSV record: expected 3 fields"):
+    with pytest.raises(ConfigError, match=r"^my.csv:3: malformed CSV record on line 3: expected 3 fields"):
         parse_counters(text, "my.csv")
 
 
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('DCGM_FI_DEV_GPU_UTIL, gauge, "unterminated', "unexpected end of data"),
+        ('DCGM_FI_DEV_GPU_UTIL, gauge, "a"b', "',' expected after '\"'"),
+        (", gauge, no field name", "the field name is empty"),
+    ],
+)
+def test_bad_quoting_and_empty_field_names_are_malformed_records(line: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^my.csv:2: malformed CSV record on line 2: {re.escape(reason)}$"):
+        parse_counters(f"DCGM_FI_DEV_GPU_UTIL, gauge, ok\n{line}\n", "my.csv")
+
+
+def test_text_exposition_writes_labels_in_dcgm_order(mig_node: SimulatedBackend) -> None:
+    h100 = mig_node.devices()[1]
+    holders: dict[EntityKey, list[PodInfo]] = {(1, None): [PodInfo("ml", 'we"ird', "main", "0")]}
+    families = build_families(read_node(mig_node), load_counters(None), holders, "node-a")
+    lines = render_text(families).decode().splitlines()
+    series = next(line for line in lines if line.startswith('DCGM_FI_DEV_GPU_UTIL{gpu="1"'))
+    driver = mig_node.driver_version()
+    assert series.startswith(
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="{h100.uuid}",pci_bus_id="{h100.pci_bus_id}",device="nvidia1",'
+        f'modelName="{h100.product_name}",Hostname="node-a",DCGM_FI_DRIVER_VERSION="{driver}",'
+        'pod="we\\"ird",namespace="ml",container="main",vgpu="0"} '
+    )
+    mig_line = next(line for line in lines if line.startswith("DCGM_FI_DEV_FB_USED{") and "GPU_I_ID" in line)
+    assert re.search(r'modelName="[^"]+",GPU_I_PROFILE="[^"]+",GPU_I_ID="\d+",Hostname="node-a",', mig_line)
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in lines
+    parsed = {f.name: f for f in text_string_to_metric_families("\n".join(lines) + "\n")}
+    assert parsed["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
+
+
 def test_unknown_type_is_an_error_and_unknown_field_is_skipped_with_a_warning() -> None:
-    with pytest.raises(ConfigError, match=r"my.csv:1: unknown metric type 'gaug'"):
+    with pytest.raises(ConfigError, match=r"^my.csv:1: unknown metric type 'gaug' for DCGM_FI_DEV_GPU_UTIL on line 1;"):
         parse_counters("DCGM_FI_DEV_GPU_UTIL, gaug, x\n", "my.csv")
     counters = parse_counters("DCGM_FI_DEV_GPU_UTIL, gauge, x\nDCGM_FI_DEV_NOT_A_FIELD, gauge, y\n", "my.csv")
     assert [c.field for c in counters.counters] == ["DCGM_FI_DEV_GPU_UTIL"]
@@ -79,6 +116,16 @@ def test_every_pod_on_a_shared_gpu_is_attributed(mig_node: SimulatedBackend) -> 
     assert len(holders) == 2
 
 
+def test_index_ids_name_a_mig_device_by_its_position_like_the_device_plugin(mig_node: SimulatedBackend) -> None:
+    migs = mig_node.mig_devices(0)
+    assert [m.gi_id for m in migs] != list(range(len(migs)))  # positions and GI ids differ on this node
+    containers = [ContainerDevices("ml", f"p{i}", "c", "nvidia.com/mig-x", (f"0:{i}",)) for i in range(len(migs))]
+    holders = attribute(containers, mig_node.devices(), migs)
+    assert {key: [p.pod for p in pods] for key, pods in holders.items()} == {
+        (0, mig.gi_id): [f"p{i}"] for i, mig in enumerate(migs)
+    }
+
+
 def test_series_carry_dcgm_labels_and_mig_instances_get_utilization(mig_node: SimulatedBackend) -> None:
     three_g = next(m for m in mig_node.mig_devices(0) if m.profile_id == 9)
     mig_node.set_load(0, 60.0, 20000, gi_id=three_g.gi_id)
@@ -92,6 +139,8 @@ def test_series_carry_dcgm_labels_and_mig_instances_get_utilization(mig_node: Si
     assert labels["GPU_I_PROFILE"] == "3g.40gb" and labels["device"] == "nvidia0" and labels["Hostname"] == "node-a"
     assert labels["DCGM_FI_DRIVER_VERSION"] == mig_node.driver_version()
     assert mig_series[0].value == pytest.approx(60.0)
+    engine = samples_of(families, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    assert [s.value for s in engine if s.labels.get("GPU_I_ID") == str(three_g.gi_id)] == [pytest.approx(0.6)]
     used = [s for s in samples_of(families, "DCGM_FI_DEV_FB_USED") if s.labels.get("GPU_I_ID") == str(three_g.gi_id)]
     assert used[0].value == 20000
     # one series per GPU plus one per MIG instance
@@ -110,11 +159,15 @@ def test_scrape_serves_the_snapshot_with_dcgm_counter_headers(mig_node: Simulate
         body = urllib.request.urlopen(f"{base}/metrics").read().decode()
         assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in body
         assert "_created" not in body and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in body
+        assert '\nDCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="' in body  # dcgm-exporter's label order on the wire
         names = {f.name for f in text_string_to_metric_families(body)}
         assert "DCGM_FI_DEV_GPU_UTIL" in names and "kubegpu_exporter_collect_duration_seconds" in names
         assert 'pod="' not in body  # the pod-resources socket is missing: unattributed, never a failed scrape
-        mig_node.set_load(1, 33.0, 1000)  # a new collection replaces the cached rendering
-        exporter.collect_once()
+        mig_node.set_load(1, 33.0, 1000)
+        body = urllib.request.urlopen(f"{base}/metrics").read().decode()
+        util = next(f for f in text_string_to_metric_families(body) if f.name == "DCGM_FI_DEV_GPU_UTIL")
+        assert [s.value for s in util.samples if s.labels["gpu"] == "1"] == [0.0]  # scrapes read the last snapshot
+        exporter.collect_once()  # a new collection replaces the cached rendering
         body = urllib.request.urlopen(f"{base}/metrics").read().decode()
         util = next(f for f in text_string_to_metric_families(body) if f.name == "DCGM_FI_DEV_GPU_UTIL")
         assert [s.value for s in util.samples if s.labels["gpu"] == "1"] == [33.0]
@@ -138,14 +191,34 @@ def test_pod_resources_over_a_real_socket(mig_node: SimulatedBackend, tmp_path: 
     assert all("Hostname" not in s.labels for s in util)
 
 
+def test_a_failing_kubelet_leaves_series_unattributed(mig_node: SimulatedBackend, tmp_path: Path) -> None:
+    h100 = mig_node.devices()[1].uuid
+    failing = tmp_path / "failing.sock"
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(stale))  # a socket file nobody listens on, as a crashed kubelet leaves behind
+        pods = [("ml", "a", "c", "nvidia.com/gpu", [h100])]
+        with FakePodResources(failing, pods, error=grpc.StatusCode.UNAVAILABLE) as fake:
+            for path in (failing, stale):
+                exporter = Exporter(mig_node, load_counters(None), None, PodResourcesClient(path, 0.5), 30.0)
+                exporter.collect_once()
+                util = next(f for f in exporter.snapshot.collect() if f.name == "DCGM_FI_DEV_GPU_UTIL")
+                assert len(util.samples) == 4 and all("pod" not in s.labels for s in util.samples), path
+            assert fake.calls == 1
+
+
 def test_cli_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     node = tmp_path / "node.json"
     SimulatedBackend.create(node, gpus="1xL4")
     bad_csv = tmp_path / "counters.csv"
     bad_csv.write_text("DCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_DEV_FB_USED gauge used\n")
+    broken_node = tmp_path / "broken.json"
+    broken_node.write_text("{not json")
     runner = CliRunner()
     cases = [
-        (["--collectors", str(bad_csv)], f"{bad_csv}:2: malformed CSV record"),
+        (["--collectors", str(bad_csv)], f"{bad_csv}:2: malformed CSV record on line 2"),
+        (["--gpu-backend", f"sim:{broken_node}"], f"{broken_node}: not valid JSON"),
+        (["--address", "[::1]:x"], "--address: expected HOST:PORT"),
         (["--address", "nonsense"], "--address: expected HOST:PORT"),
         (["--collect-interval", "0"], "--collect-interval: must be a positive number"),
     ]
@@ -154,3 +227,12 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
         assert result.exit_code == 1, result.output
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [(":9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::]:9400", ("::", 9400))],
+)
+def test_listen_addresses_like_dcgm_exporters(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+

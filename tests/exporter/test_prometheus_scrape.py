@@ -75,13 +75,37 @@ def query(port: int, promql: str) -> list[dict]:
         return []
 
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kubegpu-dashboard.json"
+
+
+def dashboard_expr(title: str) -> str:
+    """A panel's PromQL from the shipped dashboard, with every template variable matching everything."""
+    panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == title)
+    return str(panel["targets"][0]["expr"]).replace("$instance", ".*").replace("$gpu", ".*")
+
+
+def wait_for(port: int, promql: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 40
+    result: list[dict] = []
+    while time.monotonic() < deadline and len(result) < count:
+        time.sleep(0.5)
+        result = query(port, promql)
+    return result
+
+
 def test_prometheus_sees_one_series_per_pod_on_a_time_sliced_gpu(tmp_path: Path, prometheus: PrometheusServer) -> None:
-    node = SimulatedBackend.create(tmp_path / "node.json", gpus="1xH100-SXM5-80GB")
+    node = SimulatedBackend.create(tmp_path / "node.json", gpus="1xH100-SXM5-80GB,1xA100-SXM4-80GB")
     node.set_load(0, 70.0, 30000)
+    node.set_mig_mode(1, True)
+    node.reset_gpu(1)
+    shared_mig = node.create_mig_device(1, 19, 0)
+    node.create_mig_device(1, 19, 1)
     uuid = node.devices()[0].uuid
     sock = tmp_path / "pod-resources.sock"
     pods = [("ml", "serve-a", "server", "nvidia.com/gpu.shared", [f"{uuid}::0"]),
-            ("ml", "serve-b", "server", "nvidia.com/gpu.shared", [f"{uuid}::1"])]
+            ("ml", "serve-b", "server", "nvidia.com/gpu.shared", [f"{uuid}::1"]),
+            ("mig", "small-a", "c", "nvidia.com/mig-1g.10gb", [f"{shared_mig.uuid}::0"]),
+            ("mig", "small-b", "c", "nvidia.com/mig-1g.10gb", [f"{shared_mig.uuid}::1"])]
     with FakePodResources(sock, pods):
         exporter = Exporter(node, load_counters(None), "node-a", PodResourcesClient(sock), 0.5)
         server = serve(exporter, "127.0.0.1", 0)
@@ -89,12 +113,10 @@ def test_prometheus_sees_one_series_per_pod_on_a_time_sliced_gpu(tmp_path: Path,
         worker.start()
         try:
             prometheus.start(server.server_port)
-            promql = 'DCGM_FI_DEV_GPU_UTIL{job="kubegpu", namespace="ml"}'
-            deadline = time.monotonic() + 40
-            result: list[dict] = []
-            while time.monotonic() < deadline and len(result) < 2:
-                time.sleep(0.5)
-                result = query(prometheus.port, promql)
+            result = wait_for(prometheus.port, 'DCGM_FI_DEV_GPU_UTIL{job="kubegpu", namespace="ml"}', 2)
+            energy = query(prometheus.port, 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{namespace="ml"}')
+            sharing = query(prometheus.port, dashboard_expr("Pods sharing each GPU"))
+            mig_profiles = query(prometheus.port, dashboard_expr("MIG instances by profile"))
         finally:
             exporter.stop()
             worker.join(timeout=5)
@@ -104,3 +126,8 @@ def test_prometheus_sees_one_series_per_pod_on_a_time_sliced_gpu(tmp_path: Path,
     assert {r["metric"]["vgpu"] for r in result} == {"0", "1"}
     assert {r["metric"]["UUID"] for r in result} == {uuid}
     assert all(float(r["value"][1]) == pytest.approx(70.0) for r in result)
+    # a counter keeps its bare DCGM name through a real scrape
+    assert sorted(r["metric"]["pod"] for r in energy) == ["serve-a", "serve-b"]
+    # the dashboard's sharing panels: two pods on each GPU; two 1g instances, not one series per pod
+    assert {r["metric"]["gpu"]: r["value"][1] for r in sharing} == {"0": "2", "1": "2"}
+    assert [(r["metric"]["GPU_I_PROFILE"], r["value"][1]) for r in mig_profiles] == [("1g.10gb", "2")]

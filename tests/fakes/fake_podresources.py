@@ -14,9 +14,10 @@ Assignment = tuple[str, str, str, str, list[str]]
 
 
 class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self, socket_path: Path, assignments: list[Assignment]) -> None:
+    def __init__(self, socket_path: Path, assignments: list[Assignment], error: grpc.StatusCode | None = None) -> None:
         self.socket_path = socket_path
         self.assignments = assignments
+        self.error = error  # answer every List with this status instead, as a failing kubelet would
         self.calls = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, self.server)
@@ -33,6 +34,8 @@ class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListPodResourcesResponse:
         self.calls += 1
+        if self.error is not None:
+            context.abort(self.error, "injected failure")
         pods: dict[tuple[str, str], api_pb2.PodResources] = {}
         for namespace, pod, container, resource, ids in self.assignments:
             entry = pods.setdefault((namespace, pod), api_pb2.PodResources(name=pod, namespace=namespace))

@@ -53,14 +53,19 @@ def _split_replica(device_id: str) -> tuple[str, str | None]:
 def attribute(
     containers: Iterable[ContainerDevices], gpus: Sequence[GpuDevice], migs: Sequence[MigDevice]
 ) -> dict[EntityKey, list[PodInfo]]:
-    """Map each GPU / MIG instance to the pods holding it; unknown device IDs are ignored (not ours)."""
+    """Map each GPU / MIG instance to the pods holding it; unknown device IDs are ignored (not ours).
+
+    `migs` must be in the backend's listing order: with `deviceIDStrategy: index` the device plugin names a MIG
+    device `<gpu>:<position in its GPU's listing>` (NVIDIA's `i:j`), which is not its GPU instance id."""
     by_id: dict[str, EntityKey] = {}
     for gpu in gpus:
         by_id[gpu.uuid] = (gpu.index, None)
         by_id[str(gpu.index)] = (gpu.index, None)
+    positions: dict[int, int] = {}
     for mig in migs:
+        position = positions[mig.gpu_index] = positions.get(mig.gpu_index, -1) + 1
         by_id[mig.uuid] = (mig.gpu_index, mig.gi_id)
-        by_id[f"{mig.gpu_index}:{mig.gi_id}"] = (mig.gpu_index, mig.gi_id)
+        by_id[f"{mig.gpu_index}:{position}"] = (mig.gpu_index, mig.gi_id)
     holders: dict[EntityKey, set[PodInfo]] = {}
     for entry in containers:
         for device_id in entry.device_ids:

@@ -22,10 +22,12 @@ log = logging.getLogger("kubegpu.exporter")
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """`:9400`, `0.0.0.0:9400` or `127.0.0.1:0` → (host, port)."""
+    """`:9400`, `0.0.0.0:9400`, `[::]:9400` or `127.0.0.1:0` → (host, port); IPv6 hosts lose their brackets."""
     host, sep, port_text = address.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
         raise ConfigError(f"--address: expected HOST:PORT such as ':9400', got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     return host or "0.0.0.0", int(port_text)
 
 
@@ -63,11 +65,13 @@ def exporter_command(
     hostname = None if no_hostname else os.environ.get("NODE_NAME") or socket.gethostname()
     pod_resources = PodResourcesClient(pod_resources_socket) if kubernetes else None
     exporter = Exporter(backend, counters, hostname, pod_resources, collect_interval / 1000.0)
+    exporter.collect_once()  # a GPU backend that cannot be read at start is bad input: one line, exit 1
     try:
         server = serve(exporter, host, port)
     except OSError as exc:
         raise ConfigError(f"--address: cannot listen on {address}: {exc.strerror or exc}") from None
-    log.info("serving metrics on http://%s:%d/metrics", host, server.server_port)
+    shown_host = f"[{host}]" if ":" in host else host
+    log.info("serving metrics on http://%s:%d/metrics", shown_host, server.server_port)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         exporter.stop()

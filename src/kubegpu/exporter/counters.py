@@ -49,15 +49,19 @@ def parse_counters(text: str, source: str) -> CounterSet:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        record = [part.strip() for part in next(csv.reader([stripped], skipinitialspace=True))]
+        malformed = f"{source}:{number}: malformed CSV record on line {number}"
+        try:
+            record = [part.strip() for part in next(csv.reader([stripped], skipinitialspace=True, strict=True))]
+        except csv.Error as exc:
+            raise ConfigError(f"{malformed}: {exc}") from None
         if len(record) != 3:
-            raise ConfigError(
-                f"{source}:{number}: malformed CSV record: expected 3 fields (field, type, help), got {len(record)}"
-            )
+            raise ConfigError(f"{malformed}: expected 3 fields (field, type, help), got {len(record)}")
         field, metric_type, help_text = record
+        if not field:
+            raise ConfigError(f"{malformed}: the field name is empty")
         if metric_type not in METRIC_TYPES:
             raise ConfigError(
-                f"{source}:{number}: unknown metric type {metric_type!r} for {field}; "
+                f"{source}:{number}: unknown metric type {metric_type!r} for {field} on line {number}; "
                 f"expected one of {', '.join(METRIC_TYPES)}"
             )
         if field not in KNOWN_FIELDS:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import re
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -18,6 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 from kubegpu.exporter.attribution import PodResourcesClient, attribute
 from kubegpu.exporter.collector import SnapshotCollector, build_families, read_node
 from kubegpu.exporter.counters import CounterSet
+from kubegpu.exporter.exposition import render_text
 from kubegpu.gpu.backend import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -88,9 +89,9 @@ class Exporter:
             self.metrics.attributed_pods.set(len({pod for pods in holders_map.values() for pod in pods}))
         self.snapshot.update(build_families(reading, self.counters, holders_map, self.hostname))
         self.last_success = time.time()
-        self.generation += 1
         self.metrics.collect_seconds.set(time.monotonic() - started)
         self.metrics.last_collect.set(self.last_success)
+        self.generation += 1  # last, so the cached rendering is replaced only once every value is in
 
     def healthy(self) -> bool:
         return self.last_success is not None and time.time() - self.last_success < max(3 * self.interval_s, 10.0)
@@ -108,30 +109,12 @@ class Exporter:
         self._stop.set()
 
 
-_COUNTER_HEADER = re.compile(rb"^# (HELP|TYPE) (\S+)_total( .*)$", re.MULTILINE)
-
-
-def _dcgm_counter_headers(body: bytes, counter_names: Iterable[str]) -> bytes:
-    """prometheus_client's 0.0.4 text format names a counter's HELP/TYPE lines `<name>_total` even when its samples
-    carry no suffix; dcgm-exporter writes them under the sample name, and dashboards that read metadata expect that.
-    """
-    names = {name.encode() for name in counter_names}
-
-    def fix(match: re.Match[bytes]) -> bytes:
-        if match.group(2) in names:
-            return b"# " + match.group(1) + b" " + match.group(2) + match.group(3)
-        return match.group(0)
-
-    return _COUNTER_HEADER.sub(fix, body)
-
-
 INDEX_PAGE = b"""<html><head><title>kubegpu exporter</title></head>
 <body><h1>kubegpu exporter</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/health">Health</a></p></body></html>
 """
 
 
 def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
-    counter_names = [spec.field for spec in exporter.counters.series if spec.type == "counter"]
     rendered: dict[str, tuple[int, bytes]] = {}
 
     def render(encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
@@ -140,9 +123,10 @@ def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], li
         generation = exporter.generation
         cached = rendered.get(content_type)
         if cached is None or cached[0] != generation:
-            body = encoder(exporter.registry)
             if content_type.startswith("text/plain"):
-                body = _dcgm_counter_headers(body, counter_names)
+                body = render_text(exporter.registry.collect())  # dcgm-exporter's label order and counter names
+            else:
+                body = encoder(exporter.registry)
             cached = rendered[content_type] = (generation, body)
         return cached[1]
 
@@ -170,8 +154,15 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug(format, *args)
 
 
+class _ThreadingWSGIServerV6(ThreadingWSGIServer):
+    """For an IPv6 listen address such as `::` or `::1`."""
+
+    address_family = socket.AF_INET6
+
+
 def serve(exporter: Exporter, host: str, port: int) -> WSGIServer:
     """Bind the HTTP server (port 0 picks a free one) and serve it from a daemon thread."""
-    server = make_server(host, port, make_app(exporter), ThreadingWSGIServer, handler_class=_QuietHandler)
+    server_class = _ThreadingWSGIServerV6 if ":" in host else ThreadingWSGIServer
+    server = make_server(host, port, make_app(exporter), server_class, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="exporter-http", daemon=True).start()
     return server
