@@ -43,6 +43,16 @@ def test_malformed_config_at_start_exits_1_with_one_line(short_tmp: Path) -> Non
     assert "replicas" in lines[0] and "Traceback" not in result.stderr
 
 
+def test_missing_kubelet_directory_names_the_kubelet_socket(short_tmp: Path) -> None:
+    SimulatedBackend.create(short_tmp / "node.json", gpus="1xL4")
+    socket = short_tmp / "absent" / "kubelet.sock"
+    node = f"sim:{short_tmp / 'node.json'}"
+    result = run_cli("device-plugin", "--gpu-backend", node, "--kubelet-socket", str(socket))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1
+    assert lines[0].startswith("error: --kubelet-socket") and str(socket.parent) in lines[0]
+
+
 def test_fail_on_init_error_without_gpus(short_tmp: Path) -> None:
     missing = f"sim:{short_tmp / 'absent.json'}"
     result = run_cli("device-plugin", "--gpu-backend", missing, "--kubelet-socket", "",
@@ -109,3 +119,18 @@ def test_mps_control_daemon_records_limits_on_sim(short_tmp: Path) -> None:
     ]
     assert run_cli("mps-control-daemon", "--gpu-backend", f"sim:{short_tmp / 'node.json'}",
                    "--oneshot").returncode == 1
+
+
+def test_mps_control_daemon_refuses_what_the_plugin_refuses(short_tmp: Path) -> None:
+    node = SimulatedBackend.create(short_tmp / "node.json", gpus="2xH100-SXM5-80GB")
+    node.set_mig_mode(1, True)  # Hopper: takes effect without a reset
+    assert node.devices()[1].mig_enabled
+    config = short_tmp / "mps.yaml"
+    config.write_text(yaml.safe_dump({"version": "v1", "flags": {"mpsRoot": str(short_tmp / "mps")},
+                                      "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}))
+    result = run_cli("mps-control-daemon", "--config", str(config), "--gpu-backend",
+                     f"sim:{short_tmp / 'node.json'}", "--oneshot")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {config}: sharing.mps:") and "GPU 1 has MIG enabled" in lines[0]
+    assert not (short_tmp / "mps" / "kubegpu-mps-limits.json").exists()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.deviceplugin.allocate import AllocateOptions, AllocationError, allocate_container
+from kubegpu.deviceplugin.allocate import AllocateOptions, AllocationError, allocate_container, mig_cap_minors
 from kubegpu.deviceplugin.cdi import cdi_spec
 from kubegpu.deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthPolicy, HealthTracker, policy_from_env
 from kubegpu.deviceplugin.manager import allocate_options
@@ -46,6 +46,22 @@ def test_device_specs_use_dev_root_and_minor(gpus: Any) -> None:
         ("/dev/nvidiactl", "/run/nvidia/driver/dev/nvidiactl", "rw"),
         ("/dev/nvidia2", "/run/nvidia/driver/dev/nvidia2", "rw"),
     ]
+
+
+def test_mig_device_specs_and_cdi_carry_the_capability_nodes(node: Any) -> None:
+    gpus = [node.gpu(0, mig_enabled=True), node.gpu(3, mig_enabled=True)]
+    devices = devices_by_resource(gpus, {0: node.balanced(gpus[0]), 3: node.balanced(gpus[1])},
+                                  {"version": "v1", "flags": {"migStrategy": "mixed"}})["nvidia.com/mig-3g.40gb"]
+    options = AllocateOptions(pass_device_specs=True, control_devices=())
+    response = allocate_container("nvidia.com/mig-3g.40gb", [devices[1].id], by_id(devices), options)
+    # GPU 3, GI 2, CI 0 in the driver's table: 3 + (3 * 15 + 2) * 9 = 426 for the GI, 427 for its CI 0
+    assert [d.container_path for d in response.devices] == [
+        "/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"]
+    assert mig_cap_minors(31, 14, 7) == (4314, 4322)  # the last entry: gpu31/gi14/ci7/access 4322
+    spec = cdi_spec(devices, dev_root="/run/nvidia/driver")
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": p, "hostPath": f"/run/nvidia/driver{p}"}
+        for p in ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")]
 
 
 def test_unknown_and_oversized_shared_requests(gpus: Any) -> None:

@@ -170,14 +170,14 @@ async def test_allocate_device_list_strategies(kubelet: Any, start_plugin: Any, 
             (f"/var/run/nvidia-container-devices/{u}", "/dev/null") for u in uuids]
         return
     assert "NVIDIA_VISIBLE_DEVICES" not in container.envs
-    names = [f"nvidia.com/gpu={u}" for u in uuids]
+    names = [f"k8s.device-plugin.nvidia.com/gpu={u}" for u in uuids]  # NVIDIA's CDI vendor and class
     if strategy == "cdi-annotations":
         [(key, value)] = container.annotations.items()
         assert key.startswith("cdi.k8s.io/nvidia-device-plugin_") and value == ",".join(names)
     else:
         assert [d.name for d in container.cdi_devices] == names
-    spec = json.loads((short_tmp / "cdi" / "kubegpu-nvidia.com-gpu.json").read_text())
-    assert spec["kind"] == "nvidia.com/gpu" and spec["cdiVersion"]
+    spec = json.loads((short_tmp / "cdi" / "kubegpu-k8s.device-plugin.nvidia.com-gpu.json").read_text())
+    assert spec["kind"] == "k8s.device-plugin.nvidia.com/gpu" and spec["cdiVersion"]
     assert {d["name"] for d in spec["devices"]} == {g.uuid for g in node.devices()}
 
 

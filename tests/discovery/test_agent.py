@@ -174,6 +174,23 @@ def test_cli_bad_backend_exits_1_with_one_line(tmp_path: Path) -> None:
     assert "missing.json" in result.stderr
 
 
+def test_cli_mps_on_a_mig_enabled_node_is_refused_with_one_line(tmp_path: Path) -> None:
+    node = SimulatedBackend.create(tmp_path / "node.json", "1xH100-SXM5-80GB,1xL4")
+    node.set_mig_mode(0, True)  # Hopper: no reset needed
+    config = tmp_path / "mps.yaml"
+    config.write_text("version: v1\nflags: {mpsRoot: /run/nvidia/mps}\n"
+                      "sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n")
+    out = tmp_path / "gfd"
+    result = subprocess.run(
+        [sys.executable, "-c", "from kubegpu.cli import main; main()", "discover", "--gpu-backend",
+         f"sim:{tmp_path / 'node.json'}", "--config", str(config), "--oneshot", "-o", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {config}: sharing.mps:") and "MIG" in result.stderr
+    assert not out.exists()  # no -SHARED / mps labels for replicas the plugin will never advertise
+
+
 def test_node_sink_patches_only_what_changed_and_never_foreign_labels() -> None:
     from kubegpu.clock import VirtualClock
     from kubegpu.discovery.agent import NodeLabelSink, discover_labels

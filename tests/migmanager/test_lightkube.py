@@ -61,3 +61,25 @@ def test_mig_manager_command_oneshot_with_a_kubeconfig(apiserver: Any, tmp_path:
     assert cluster.get("Node", node)["metadata"]["labels"][MIG_STATE_LABEL] == "success"
     state = read_state(SimulatedBackend(node_file))
     assert [d.profile_name for d in state.instances(0)] == ["3g.40gb", "3g.40gb"]  # the generated default config
+
+
+def test_mig_manager_oneshot_failure_exits_1_with_one_line_and_restores(apiserver: Any, tmp_path: Path) -> None:
+    cluster = apiserver.cluster()
+    node = f"migbad-{uuid.uuid4().hex[:8]}"
+    cluster.create({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": node, "labels": {**DEPLOY, MIG_CONFIG_LABEL: "all-9g.99gb"}}})
+    node_file = tmp_path / "node.json"
+    SimulatedBackend.create(node_file, "1xH100-SXM5-80GB")
+    env = {"KUBECONFIG": str(write_kubeconfig(tmp_path, apiserver.url))}
+    args = ["mig-manager", "--node-name", node, "--gpu-backend", f"sim:{node_file}", "--oneshot"]
+    result = CliRunner().invoke(app, args, env=env)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: mig-manager: failed:") and "all-9g.99gb" in lines[0]
+    labels = cluster.get("Node", node)["metadata"]["labels"]
+    assert labels[MIG_STATE_LABEL] == "failed" and PAUSED not in {labels[k] for k in DEPLOY if k.endswith("plugin")}
+    assert read_state(SimulatedBackend(node_file)).instances(0) == []  # nothing changed on the GPUs
+
+    bad_reference = CliRunner().invoke(app, [*args, "--config-map", "only-a-name"], env=env)
+    assert bad_reference.exit_code == 1 and bad_reference.output.strip().splitlines() == [
+        "error: --config-map: expected NAMESPACE/NAME, got 'only-a-name'"]

@@ -102,8 +102,10 @@ def test_invalid_layout_fails_with_event_and_no_client_left_paused(
 ) -> None:
     make_node(cluster, **{MIG_CONFIG_LABEL: "too-big"})
     before = read_state(backend)
+    since = cluster.resource_version
     result = manager(cluster, backend).reconcile()
     assert result.state == "failed"
+    assert state_history(cluster, since) == ["pending", "failed"]  # answered like any request, never paused
     assert labels(cluster)[MIG_STATE_LABEL] == "failed"
     assert {k: v for k, v in labels(cluster).items() if k in DEPLOY} == DEPLOY
     assert read_state(backend) == before

@@ -14,6 +14,6 @@ Where we differ from NVIDIA's plugin, on purpose:
 * The config file is reloaded in place on change or SIGHUP; unchanged resources keep their server and stream.
 * MPS replicas and memory slices carry per-container `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and
   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, and `CUDA_MPS_LOG_DIRECTORY` is mounted read-only next to the pipe.
-* CDI device names use the kind `nvidia.com/gpu` (NVIDIA: `k8s.device-plugin.nvidia.com/gpu`), and the
-  cdi-annotations key is derived from the device IDs instead of a random response id.
+* CDI device names use NVIDIA's kind `k8s.device-plugin.nvidia.com/gpu` (the toolkit's own spec holds
+  `nvidia.com/gpu`), and the cdi-annotations key is derived from the device IDs instead of a random response id.
 """

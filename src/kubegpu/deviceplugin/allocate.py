@@ -21,6 +21,13 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 MPS_CONTAINER_ROOT = "/mps"
+MIG_CAPS_DIR = "/dev/nvidia-caps"
+# The driver's MIG capability minors are a fixed table (/proc/driver/nvidia-caps/mig-minors): `config` 1, `monitor` 2,
+# then per GPU minor 15 GPU instances, each with its own access node followed by one per compute instance 0-7.
+_FIRST_MIG_MINOR, _MINORS_PER_GI, _GIS_PER_GPU = 3, 9, 15
+# NVIDIA's vendor/class: not `nvidia.com/gpu`, the toolkit's own spec (`nvidia-ctk cdi generate`) already defines
+# `nvidia.com/gpu=<uuid>`, and a runtime refuses a device name that two spec files define.
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
 class AllocationError(KubegpuError):
@@ -37,7 +44,7 @@ class AllocateOptions:
     control_devices: tuple[str, ...] = CONTROL_DEVICES  # the adapter drops those absent on the host
     mps_root: str = "/run/nvidia/mps"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
-    cdi_kind: str = "nvidia.com/gpu"
+    cdi_kind: str = CDI_KIND
     fail_requests_greater_than_one: bool = False
     extra_envs: Mapping[str, str] = field(default_factory=dict)  # NVIDIA_GDS, NVIDIA_MOFED, NVIDIA_IMEX_CHANNELS...
 
@@ -70,10 +77,25 @@ def _annotation_key(prefix: str, physical_ids: Sequence[str]) -> str:
     return f"{prefix}nvidia-device-plugin_{digest}"
 
 
+def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """`nvidia-cap<N>` minors that grant GPU instance `gi_id` and its compute instance `ci_id` of /dev/nvidia<minor>."""
+    gi_minor = _FIRST_MIG_MINOR + (gpu_minor * _GIS_PER_GPU + gi_id) * _MINORS_PER_GI
+    return gi_minor, gi_minor + 1 + ci_id
+
+
+def device_nodes(device: AnnotatedDevice) -> list[str]:
+    """The GPU's /dev/nvidia<minor>; a MIG device also needs its two capability nodes, or CUDA cannot open it."""
+    nodes = [f"/dev/nvidia{device.minor}"]
+    if device.mig is not None:
+        caps = mig_cap_minors(device.minor, device.mig.gi_id, device.mig.ci_id)
+        nodes.extend(f"{MIG_CAPS_DIR}/nvidia-cap{minor}" for minor in caps)
+    return nodes
+
+
 def _device_specs(devices: Sequence[AnnotatedDevice], options: AllocateOptions) -> list[pb.DeviceSpec]:
     root = options.dev_root.rstrip("/")
     paths = list(options.control_devices)
-    paths.extend(f"/dev/nvidia{minor}" for minor in dict.fromkeys(d.minor for d in devices))
+    paths.extend(dict.fromkeys(node for d in devices for node in device_nodes(d)))
     return [pb.DeviceSpec(container_path=p, host_path=f"{root}{p}", permissions="rw") for p in paths]
 
 

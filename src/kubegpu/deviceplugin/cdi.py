@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.deviceplugin.allocate import CONTROL_DEVICES
+from kubegpu.deviceplugin.allocate import CDI_KIND, CONTROL_DEVICES, device_nodes
 from kubegpu.deviceplugin.resources import AnnotatedDevice
 from kubegpu.errors import KubegpuError
 
@@ -20,18 +20,15 @@ CDI_VERSION = "0.6.0"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 
 
-def cdi_spec(devices: Sequence[AnnotatedDevice], kind: str = "nvidia.com/gpu", dev_root: str = "/") -> dict[str, Any]:
+def cdi_spec(devices: Sequence[AnnotatedDevice], kind: str = CDI_KIND, dev_root: str = "/") -> dict[str, Any]:
     """One CDI device per physical GPU / MIG device (replicas share it), plus the control nodes for all."""
     root = dev_root.rstrip("/")
     entries: dict[str, dict[str, Any]] = {}
     for device in devices:
         if device.physical_id in entries:
             continue
-        node = f"/dev/nvidia{device.minor}"
-        entries[device.physical_id] = {
-            "name": device.physical_id,
-            "containerEdits": {"deviceNodes": [{"path": node, "hostPath": f"{root}{node}"}]},
-        }
+        nodes = [{"path": node, "hostPath": f"{root}{node}"} for node in device_nodes(device)]
+        entries[device.physical_id] = {"name": device.physical_id, "containerEdits": {"deviceNodes": nodes}}
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind,

@@ -38,7 +38,9 @@ def _kubelet_paths(kubelet_socket: str | None, plugin_dir: Path | None) -> tuple
     socket = Path(raw.removeprefix("unix://")) if raw else None
     directory = plugin_dir or (socket.parent if socket is not None else DEFAULT_KUBELET_SOCKET.parent)
     if not directory.is_dir():
-        raise KubegpuError(f"--device-plugin-dir {directory}: not a directory")
+        # name the setting the directory came from: our sockets go next to the kubelet's unless told otherwise
+        given = f"--kubelet-socket {raw!r}: its directory" if socket and not plugin_dir else "--device-plugin-dir"
+        raise KubegpuError(f"{given} {directory}: not a directory")
     return socket, directory
 
 
@@ -201,7 +203,7 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("info", "--log-level"),
     ) -> None:
         """Start and configure nvidia-cuda-mps-control per MPS resource (records the limits on a sim node)."""
-        from kubegpu.config.deviceplugin import effective_device_plugin_config
+        from kubegpu.config.deviceplugin import check_mps_against_gpus, effective_device_plugin_config
         from kubegpu.deviceplugin.mps import MpsControl, find_mps_control, plans_for
         from kubegpu.gpu.backend import open_backend
 
@@ -209,6 +211,8 @@ def register(app: typer.Typer) -> None:
         settings = effective_device_plugin_config(config, dict(os.environ), _flags(mps_root=mps_root))
         backend = open_backend(gpu_backend)
         gpus = backend.devices()
+        # the plugin refuses this config on these GPUs (MPS with MIG, too many clients): start no daemon for it
+        check_mps_against_gpus(settings, gpus, str(config or "config"))
         mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
         plans = plans_for(gpus, mig, settings)
         if not plans:

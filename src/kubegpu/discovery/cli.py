@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
         interval = sleep_interval_seconds(config.flags.gfd.sleep_interval)
         if kubernetes and not node_name:
             raise KubegpuError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
-        _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None)
+        source = str(config_file or os.environ.get("CONFIG_FILE") or "config")
+        _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None, source)
 
 
 def _run(
@@ -79,10 +80,12 @@ def _run(
     config: DevicePluginConfig,
     interval: float | None,
     node_name: str | None,
+    source: str = "config",
 ) -> None:
     """The agent: where the labels go and when come from the first config; each pass re-reads the file, so an
     edited config (sharing, MIG strategy) is labelled at the next pass without a restart; SIGHUP is harmless."""
     from kubegpu.clock import RealClock
+    from kubegpu.config.deviceplugin import check_mps_against_gpus
     from kubegpu.discovery.agent import (
         FeatureFileSink,
         LabelSink,
@@ -116,6 +119,7 @@ def _run(
 
     def read_labels() -> dict[str, str]:
         current = first.pop() if first else load_config()
+        check_mps_against_gpus(current, backend.devices(), source)  # GFD refuses MPS with MIG, as the plugin does
         machine = read_machine_type(gfd.machine_type_file)
         return discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
 

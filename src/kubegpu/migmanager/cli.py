@@ -153,13 +153,19 @@ def _emit(text: str, output: Path | None) -> None:
 # --------------------------------------------------------------------------------------------- mig-manager
 
 
+def config_map_reference(reference: str) -> tuple[str, str]:
+    """`NAMESPACE/NAME` split in two; checked at start-up too, so a typo is one line and not a failed node."""
+    namespace, _, name = reference.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ConfigError(f"--config-map: expected NAMESPACE/NAME, got {reference!r}")
+    return namespace, name
+
+
 def config_map_loader(cluster: Cluster, reference: str) -> MigPartedConfig:
     """The mig-parted config in ConfigMap `NS/NAME` (key `config.yaml`, or its only key), read on every apply."""
     from kubegpu.config.migparted import parse_mig_parted_config
 
-    namespace, _, name = reference.partition("/")
-    if not namespace or not name:
-        raise ConfigError(f"--config-map: expected NAMESPACE/NAME, got {reference!r}")
+    namespace, name = config_map_reference(reference)
     data = (cluster.get("ConfigMap", name, namespace).get("data") or {})
     key = "config.yaml" if "config.yaml" in data else (next(iter(data)) if len(data) == 1 else None)
     if key is None:
@@ -194,11 +200,13 @@ def register(app: typer.Typer) -> None:
 
         from kubegpu.clock import RealClock
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
-        from kubegpu.migmanager.manager import MigManager
+        from kubegpu.migmanager.manager import STATE_FAILED, MigManager
         from kubegpu.migmanager.parted import read_state
 
         if config_file is not None and config_map is not None:
             raise ConfigError("--config-file and --config-map are mutually exclusive")
+        if config_map is not None:
+            config_map_reference(config_map)
         backend = _open(gpu_backend)
         cluster = LightkubeCluster()
 
@@ -219,6 +227,8 @@ def register(app: typer.Typer) -> None:
         try:
             if oneshot:
                 result = manager.reconcile()
+                if result.state == STATE_FAILED:  # the state label and Event say so too; a script needs the status
+                    raise KubegpuError(f"mig-manager: {result.state}: {result.message}")
                 typer.echo(f"mig-manager: {result.state or 'no config selected'}: {result.message}", err=True)
             else:
                 manager.run(stop, on_error=lambda exc: typer.echo(f"warning: {exc}; retrying", err=True))

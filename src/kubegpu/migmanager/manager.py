@@ -151,6 +151,7 @@ class MigManager:
     # ----------------------------------------------------------------------------------------- one config
 
     def _handle(self, node: dict[str, Any], selected: str) -> tuple[str, str]:
+        self._set_state(STATE_PENDING)  # every request is answered pending → success | failed, as the operator's
         try:
             config = self.load_config()
             state = read_state(self.backend)
@@ -165,7 +166,6 @@ class MigManager:
         outcome: ApplyOutcome | None = None
         error: str | None = None
         try:
-            self._set_state(STATE_PENDING)
             paused = self._pause_clients()
             self._wait_for_clients_to_stop(paused)
             plan = plan_apply(config, selected, read_state(self.backend))  # processes may have changed meanwhile
