@@ -393,3 +393,21 @@ def test_asking_one_node_per_class_of_identical_nodes_picks_what_the_full_list_w
         for strategy in ("exclusive", "time-slicing:3"):
             Checked(scenario, get_strategy(strategy), scenario_jobs(scenario)).run()
     assert len(checked) > 100
+
+
+def test_simulated_nodes_carry_the_labels_discovery_would_write() -> None:
+    """Issue 5: the label computation is one pure function, and the simulator's Nodes are labelled by it."""
+    from kubegpu.discovery.labels import compute_labels
+
+    sim = Simulation(tiny_scenario(gpus=2), get_strategy("static-mig:all-balanced"), [])
+    sim.run()
+    node = sim.cluster.get("Node", "g-0")
+    labels = node["metadata"]["labels"]
+    engine_node = sim._nodes["g-0"]
+    backend = engine_node.hardware.backend
+    expected = compute_labels(engine_node.gpus, engine_node.mig, engine_node.config, backend.driver_version(),
+                              backend.cuda_driver_version(), machine=None, now=None)
+    assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/")} == expected
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["nvidia.com/mig-2g.20gb.count"] == "2"  # all-balanced: one 2g per GPU, two GPUs
+    assert labels["kubernetes.io/hostname"] == "g-0"

@@ -21,6 +21,7 @@ from typing import Any
 
 from kubegpu.clock import VirtualClock
 from kubegpu.deviceplugin.resources import AnnotatedDevice, allocatable, config_dict, devices_by_resource, sharing_spec
+from kubegpu.discovery.labels import compute_labels
 from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
 from kubegpu.gpu.backend import GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
@@ -298,6 +299,12 @@ class Simulation:
                 if key not in partitions:
                     partitions[key] = node.partitions.get(key) or _partition(node.model, node.gpus, device)
         node.partitions = partitions
+        try:
+            gfd = _gfd_labels(node)
+        except ConfigError as exc:
+            raise ConfigError(f"strategy {self.strategy.name}: node {node.name}: {exc}") from None
+        own = {k: v for k, v in node.obj["metadata"]["labels"].items() if not k.startswith("nvidia.com/")}
+        node.obj["metadata"]["labels"] = {**own, **gfd}
         status = node.obj["status"]
         status["allocatable"] = {"pods": str(PODS_PER_NODE), "cpu": str(node.group.cpu),
                                  "memory": node.group.memory, **{k: str(v) for k, v in counts.items()}}
@@ -311,6 +318,11 @@ class Simulation:
             self._freed(resource)
         if node.ready and _exists(self.cluster, node.name):
             self.cluster.patch("Node", node.name, {"status": status}, subresource="status")
+            wanted = node.obj["metadata"]["labels"]
+            current = self.cluster.get("Node", node.name)["metadata"].get("labels") or {}
+            if current != wanted:
+                gone = {key: None for key in current if key not in wanted}
+                self.cluster.patch("Node", node.name, {"metadata": {"labels": {**gone, **wanted}}})
 
     def _freed(self, resource: str) -> None:
         self._capacity_version[resource] = self._capacity_version.get(resource, 0) + 1
@@ -640,14 +652,18 @@ def _exists(cluster: Any, name: str) -> bool:
 
 
 def _node_object(name: str, group: NodeGroup, model: GpuModel) -> dict[str, Any]:
-    labels = {
-        "kubernetes.io/hostname": name,
-        NODE_GROUP_LABEL: group.name,
-        "nvidia.com/gpu.product": model.product_name.replace("NVIDIA ", "").replace(" ", "-"),
-        "nvidia.com/gpu.count": str(group.gpus_per_node),
-    }
+    """The Node as the API server would hold it; its GPU labels are GFD's, set on every device rebuild."""
+    labels = {"kubernetes.io/hostname": name, NODE_GROUP_LABEL: group.name}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
             "spec": {}, "status": {"allocatable": {}, "capacity": {}}}
+
+
+def _gfd_labels(node: SimNode) -> dict[str, str]:
+    """What `kubegpu discover` would label this node with now: the same pure function, so a nodeSelector on
+    `nvidia.com/gpu.product` or `nvidia.com/mig-2g.20gb.count` means in the simulator what it means in a cluster."""
+    backend = node.hardware.backend
+    return compute_labels(node.gpus, node.mig, node.config, backend.driver_version(), backend.cuda_driver_version(),
+                          machine=None, now=None)
 
 
 def _pod_object(name: str, job: Job, request: GpuRequest) -> dict[str, Any]:
