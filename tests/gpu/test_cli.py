@@ -91,3 +91,25 @@ def test_real_subprocess_round_trip(tmp_path: Path) -> None:
     assert bad.stderr.strip().startswith("error: unknown GPU model 'A200'; known: A100-SXM4-40GB")
     assert len(bad.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert len(SimulatedBackend(node).devices()) == 8  # the existing node file is left alone
+
+
+def test_create_into_a_directory_or_unwritable_place_is_one_line(tmp_path: Path) -> None:
+    app = _app()
+    into_dir = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(tmp_path)])
+    assert isinstance(into_dir.exception, KubegpuError)
+    assert "is a directory" in str(into_dir.exception)
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("")
+    under_file = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(blocker / "node.json")])
+    assert isinstance(under_file.exception, KubegpuError)  # an OSError, not a traceback or a 30 s lock wait
+    assert f"cannot write simulated node file {blocker / 'node.json'}" in str(under_file.exception)
+
+
+def test_node_name_must_be_a_kubernetes_node_name(tmp_path: Path) -> None:
+    app = _app()
+    for bad in ("", "GPU_Node", "-node"):
+        result = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(tmp_path / "n.json"),
+                                     "--node-name", bad])
+        assert isinstance(result.exception, KubegpuError)
+        assert str(result.exception).startswith(f"--node-name {bad!r}: must be a Kubernetes node name")
+        assert not (tmp_path / "n.json").exists()

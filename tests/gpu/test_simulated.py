@@ -139,6 +139,48 @@ def test_bad_node_files_are_one_line_errors(tmp_path: Path) -> None:
         SimulatedBackend(None)
 
 
+def _edited_node(tmp_path: Path, edit: str) -> Path:
+    """A node file with one MIG device, one process and one XID event, then `edit` applied (`path=json` or `-path`)."""
+    backend = SimulatedBackend(None, gpus="1xH100-SXM5-80GB")
+    backend.set_mig_mode(0, True)
+    device = backend.create_mig_device(0, 9, 4)
+    backend.add_process(0, 4242, 100, gi_id=device.gi_id)
+    backend.inject_xid(0, 79)
+    state = backend.snapshot()
+    where, _, value = edit.lstrip("-").partition("=")
+    *parents, last = [int(part) if part.isdigit() else part for part in where.split(".")]
+    holder = state
+    for part in parents:
+        holder = holder[part]
+    if edit.startswith("-"):
+        del holder[last]
+    else:
+        holder[last] = json.loads(value)
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(state))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("-driver_version", "node.json: driver_version: must be a string, got null"),
+    ("cuda_driver_version=\"12.4\"", "node.json: cuda_driver_version: must be a list, got \"12.4\""),
+    ("cuda_driver_version=[12]", "node.json: cuda_driver_version: must be [major, minor], got [12]"),
+    ("-gpus.0.uuid", "node.json: gpus[0].uuid: required field is missing"),
+    ("gpus.0.mig_enabled=1", "node.json: gpus[0].mig_enabled: must be true or false, got 1"),
+    ("gpus.0.load.gpu_util=true", "node.json: gpus[0].load.gpu_util: must be a number, got true"),
+    ("gpus.0.load.power_w=\"hot\"", "node.json: gpus[0].load.power_w: must be a number or null, got \"hot\""),
+    ("-gpus.0.mig_devices.0.start", "node.json: gpus[0].mig_devices[0].start: required field is missing"),
+    ("gpus.0.mig_devices.0.load=[]", "node.json: gpus[0].mig_devices[0].load: must be an object, got []"),
+    ("gpus.0.processes.0=7", "node.json: gpus[0].processes[0]: must be an object"),
+    ("xid_events.0.xid=\"79\"", "node.json: xid_events[0].xid: must be an integer, got \"79\""),
+])
+def test_a_hand_edited_node_file_names_the_field(tmp_path: Path, edit: str, message: str) -> None:
+    path = _edited_node(tmp_path, edit)
+    with pytest.raises(ConfigError) as caught:  # not a KeyError or TypeError from deep inside an operation
+        SimulatedBackend(path).devices()
+    assert str(caught.value) == f"{path.parent}/{message}"
+
+
 def test_open_backend_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "node.json"
     SimulatedBackend.create(path, gpus="1xT4")

@@ -84,3 +84,14 @@ def test_missing_configuration_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(KubegpuError, match="no Kubernetes API configuration"):
         LightkubeCluster()
+
+
+@pytest.mark.parametrize("text", ["garbage: [\n", "apiVersion: v1\nkind: Config\nclusters: 5\n"])
+def test_malformed_kubeconfig_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubegpuError, match=f"kubeconfig {kubeconfig}: cannot be used: ") as caught:
+        LightkubeCluster()
+    assert "\n" not in str(caught.value)

@@ -98,6 +98,10 @@ def test_default_scenario_runs_end_to_end(tmp_path: Path) -> None:
         (["--strategies", "magic"], "error: unknown strategy 'magic'"),
         (["--duration", "-1"], "error: --duration: must be a positive number of hours"),
         (["--strategies", ","], "error: --strategies: give at least one strategy"),
+        (["--strategies", "static-mig:all-balanced@h100"],
+         "error: strategy static-mig:all-balanced@h100: no node group 'h100' in the scenario; its node groups: a100"),
+        (["--strategies", "exclusive,static-mig:all-nope"],
+         "error: strategy static-mig:all-nope: no mig-parted config 'all-nope' for A100-SXM4-80GB"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(
@@ -107,6 +111,14 @@ def test_bad_arguments_are_one_line_errors(
     assert code == 1
     assert err.startswith(message)
     assert err.count("\n") == 1
+
+
+def test_a_bad_layout_is_refused_before_any_strategy_runs(scenario_file: Path) -> None:
+    result = CliRunner().invoke(app, ["simulate", "--scenario", str(scenario_file),
+                                      "--strategies", "exclusive,static-mig:all-nope"], terminal_width=200)
+    assert result.exit_code == 1
+    assert "no mig-parted config 'all-nope'" in result.stderr
+    assert "exclusive" not in result.stdout  # no progress bar, no table: nothing ran
 
 
 def test_bad_scenario_file_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,6 +149,24 @@ def test_validate_config_knows_scenario_files(scenario_file: Path, tmp_path: Pat
     code, err = run_main(["validate-config", str(broken)], capsys)
     assert code == 1
     assert err.startswith(f"error: {broken}: duration: expected a duration")
+
+
+@pytest.mark.parametrize("command", ["validate-config", "simulate"])
+@pytest.mark.parametrize(("strategy", "message"), [
+    ("static-mig:all-nope", "strategies[1]: strategy static-mig:all-nope: no mig-parted config 'all-nope'"),
+    ("time-slicing:1", "strategies[1]: strategy time-slicing:1: replicas must be a whole number from 2 to 48"),
+    ("static-mig:all-balanced@h100", "strategies[1]: strategy static-mig:all-balanced@h100: no node group 'h100'"),
+])
+def test_a_bad_strategy_in_a_scenario_file_names_the_entry(
+    command: str, strategy: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "strategies": ["exclusive", strategy]}))
+    args = [command, str(path)] if command == "validate-config" else [command, "--scenario", str(path)]
+    code, err = run_main(args, capsys)
+    assert code == 1
+    assert err.startswith(f"error: {path}: {message}")
+    assert err.count("\n") == 1
 
 
 def test_shipped_trace_example_runs(tmp_path: Path) -> None:

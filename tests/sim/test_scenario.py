@@ -74,6 +74,13 @@ def test_compute_need_must_be_a_fraction(tmp_path: Path) -> None:
     assert "workload.classes[0].compute: compute need is a fraction" in error_of(tmp_path, data)
 
 
+def test_reversed_runtime_range_names_the_runtime_field(tmp_path: Path) -> None:
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["workload"]["classes"][0]["runtime"] = ["6h", "1h"]
+    assert error_of(tmp_path, data) == ("scenario.yaml: workload.classes[0].runtime: expected a positive duration "
+                                        "or [low, high] with low <= high")
+
+
 def test_workload_needs_exactly_one_source(tmp_path: Path) -> None:
     data = yaml.safe_load(yaml.safe_dump(GOOD))
     data["workload"]["trace"] = "jobs.csv"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.simulated import SimulatedBackend, State
+
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain, as the API server wants a Node name
 
 sim_node = typer.Typer(
     help="Simulated GPU nodes: a JSON file that node-side commands use with --gpu-backend sim:PATH.",
@@ -25,6 +29,9 @@ def create(
     node_name: str = typer.Option("sim-node", "--node-name", help="Node name; GPU UUIDs derive from it."),
 ) -> None:
     """Create a simulated node: MIG disabled on every GPU, idle, no events."""
+    if len(node_name) > 253 or not _NODE_NAME.match(node_name):
+        raise ConfigError(f"--node-name {node_name!r}: must be a Kubernetes node name (lowercase letters, digits, "
+                          "'-' and '.', starting and ending with a letter or digit)")
     backend = SimulatedBackend.create(out, gpus=gpus, node_name=node_name)
     devices = backend.devices()
     models = [d.model_key or d.product_name for d in devices]

@@ -109,8 +109,59 @@ def _idle_load(now: float) -> dict[str, Any]:
             "energy_mj": 0, "energy_at": now, "xid_last": 0, "pcie_replay": 0}
 
 
+FieldTypes = dict[str, type | tuple[type, ...]]
+_NUMBER = (int, float)
+_MAYBE_NUMBER = (int, float, type(None))
+_MAYBE_INT = (int, type(None))
+# The shape of the state file (see the module docstring): every field the operations read, with its JSON type, so a
+# hand-edited or truncated file is one line naming the field rather than a KeyError deep inside a command.
+_TOP_FIELDS: FieldTypes = {"node_name": str, "driver_version": str, "cuda_driver_version": list, "generation": int,
+                           "xid_events": list}
+_GPU_FIELDS: FieldTypes = {"model": str, "uuid": str, "pci_bus_id": str, "numa_node": int, "mig_enabled": bool,
+                           "mig_pending_enabled": (bool, type(None)), "mig_serial": int, "mig_devices": list,
+                           "processes": list, "load": dict}
+_LOAD_FIELDS: FieldTypes = {"gpu_util": _NUMBER, "mem_copy_util": _NUMBER, "memory_used_mib": int, "xid_last": int,
+                            "pcie_replay": int}
+_OPTIONAL_LOAD_FIELDS: FieldTypes = {"temperature_c": _MAYBE_NUMBER, "power_w": _MAYBE_NUMBER,
+                                     "energy_mj": _NUMBER, "energy_at": _NUMBER}
+_MIG_FIELDS: FieldTypes = {"gi_id": int, "ci_id": int, "profile_id": int, "start": int, "uuid": str, "load": dict}
+_MIG_LOAD_FIELDS: FieldTypes = {"gpu_util": _NUMBER, "memory_used_mib": int}
+_PROCESS_FIELDS: FieldTypes = {"pid": int, "gi_id": _MAYBE_INT, "used_memory_mib": int, "name": str}
+_XID_FIELDS: FieldTypes = {"gpu_index": int, "xid": int, "timestamp": _NUMBER, "gi_id": _MAYBE_INT}
+_JSON_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+                    dict: "an object", type(None): "null"}
+
+
+def _check_fields(record: object, source: str, where: str, required: FieldTypes,
+                  optional: FieldTypes | None = None) -> dict[str, Any]:
+    """`record` as an object holding `required` (and, when present, `optional`) fields of the given JSON types."""
+    if not isinstance(record, dict):
+        raise ConfigError(f"{source}: {where}: must be an object")
+    for fields, needed in ((required, True), (optional or {}, False)):
+        for name, kind in fields.items():
+            if name not in record:
+                if needed:
+                    raise ConfigError(f"{source}: {where}.{name}: required field is missing")
+                continue
+            value = record[name]
+            if not _has_type(value, kind):
+                raise ConfigError(f"{source}: {where}.{name}: must be {_type_name(kind)}, got {json.dumps(value)}")
+    return record
+
+
+def _has_type(value: object, kind: type | tuple[type, ...]) -> bool:
+    """`isinstance`, except that JSON true/false is no number (Python's bool is an int)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return bool in kinds if isinstance(value, bool) else isinstance(value, kinds)
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(_JSON_TYPE_NAMES[k] for k in kinds if not (k is int and float in kinds))
+
+
 def check_state(state: object, source: str) -> State:
-    """Reject anything that is not a node state, in one line naming `source`."""
+    """Reject anything that is not a node state, in one line naming `source` and the field at fault."""
     if not isinstance(state, dict) or state.get("kind") != STATE_KIND:
         raise ConfigError(f"{source}: not a kubegpu simulated node file (kind must be {STATE_KIND!r})")
     if state.get("version") != STATE_VERSION:
@@ -118,6 +169,12 @@ def check_state(state: object, source: str) -> State:
     gpus = state.get("gpus")
     if not isinstance(gpus, list):
         raise ConfigError(f"{source}: gpus: must be a list")
+    for name, kind in _TOP_FIELDS.items():
+        if not _has_type(state.get(name), kind):
+            raise ConfigError(f"{source}: {name}: must be {_type_name(kind)}, got {json.dumps(state.get(name))}")
+    cuda = state["cuda_driver_version"]
+    if len(cuda) != 2 or not all(_has_type(part, int) for part in cuda):
+        raise ConfigError(f"{source}: cuda_driver_version: must be [major, minor], got {json.dumps(cuda)}")
     for position, gpu in enumerate(gpus):
         if not isinstance(gpu, dict) or gpu.get("index") != position:
             raise ConfigError(f"{source}: gpus[{position}]: must be an object with index {position}")
@@ -125,7 +182,20 @@ def check_state(state: object, source: str) -> State:
             get_model(str(gpu.get("model")))
         except NotFoundError as exc:
             raise ConfigError(f"{source}: gpus[{position}].model: {exc}") from exc
+        _check_gpu(gpu, source, f"gpus[{position}]")
+    for position, event in enumerate(state["xid_events"]):
+        _check_fields(event, source, f"xid_events[{position}]", _XID_FIELDS)
     return state
+
+
+def _check_gpu(gpu: dict[str, Any], source: str, where: str) -> None:
+    _check_fields(gpu, source, where, _GPU_FIELDS)
+    _check_fields(gpu["load"], source, f"{where}.load", _LOAD_FIELDS, _OPTIONAL_LOAD_FIELDS)
+    for position, record in enumerate(gpu["mig_devices"]):
+        _check_fields(record, source, f"{where}.mig_devices[{position}]", _MIG_FIELDS)
+        _check_fields(record["load"], source, f"{where}.mig_devices[{position}].load", _MIG_LOAD_FIELDS)
+    for position, process in enumerate(gpu["processes"]):
+        _check_fields(process, source, f"{where}.processes[{position}]", _PROCESS_FIELDS)
 
 
 def _gpu(state: State, index: int) -> dict[str, Any]:
@@ -371,14 +441,28 @@ class SimulatedBackend:
             if self._path is None:
                 self._memory = state
             else:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                with self._lock():
-                    self._write(state)
+                self._create_file(state)
         elif self._path is None:
             raise KubegpuError("an in-memory simulated node needs gpus=..., e.g. '8xA100-SXM4-80GB'")
         elif not self._path.is_file():
             raise BackendUnavailable(f"simulated node file {self._path} not found; create it with "
                                      f"`kubegpu sim-node create --gpus 8xA100-SXM4-80GB --out {self._path}`")
+
+    def _create_file(self, state: State) -> None:
+        """Write a new node file. A directory or unwritable place fails at once in one line, not as an OS error
+        or after the lock's timeout (a lock file that cannot be made looks like a lock that is held)."""
+        assert self._path is not None
+        if self._path.is_dir():
+            raise ConfigError(f"{self._path} is a directory; name the node file to write, e.g. {self._path}/node.json")
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            Path(str(self._path) + ".lock").touch()
+            with self._lock():
+                self._write(state)
+        except OSError as exc:
+            raise GpuBackendError(f"cannot write simulated node file {self._path}: {exc.strerror or exc}") from exc
+        except filelock.Timeout as exc:
+            raise GpuBackendError(f"could not lock {self._path} within {LOCK_TIMEOUT_S:.0f} s") from exc
 
     @classmethod
     def create(cls, path: Path | str | None, gpus: str | Sequence[GpuModel] = "8xA100-SXM4-80GB",

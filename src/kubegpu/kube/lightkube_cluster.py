@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx2
 import lightkube
+import yaml
 from lightkube import ALL_NS
 from lightkube.core.exceptions import NotReadyError
 from lightkube.core.generic_client import WatchDriver
@@ -56,6 +58,10 @@ class LightkubeCluster:
                 client = lightkube.Client()
             except lightkube.ConfigError as exc:
                 raise KubegpuError(f"no Kubernetes API configuration (in-cluster or kubeconfig): {exc}") from None
+            except (yaml.YAMLError, OSError, TypeError, KeyError, AttributeError, ValueError) as exc:
+                # lightkube lets a malformed kubeconfig's own parse error escape, often several lines long
+                where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+                raise KubegpuError(f"kubeconfig {where}: cannot be used: {' '.join(str(exc).split())}") from None
         self.client = client
         self.clock: Clock = clock or RealClock()
 

@@ -12,9 +12,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.sim.report import LEGEND, headline, results_tables, write_html
-from kubegpu.sim.runner import run_scenario, strategy_names
+from kubegpu.sim.runner import check_strategies, run_scenario, strategy_names
 from kubegpu.sim.scenario import Scenario, default_scenario, load_scenario
-from kubegpu.sim.strategies import get_strategy
 
 
 def _scenario(path: Path | None, seed: int | None, duration_hours: float | None) -> Scenario:
@@ -42,7 +41,7 @@ def simulate(
     scenario_file: Path | None = typer.Option(None, "--scenario", help="Scenario YAML (default: the shipped one)."),
     strategies: str | None = typer.Option(
         None, "--strategies",
-        help="Comma-separated: exclusive, time-slicing:N, mps:N, static-mig:CONFIG[@GROUP], and plug-ins.",
+        help="Comma-separated: exclusive, time-slicing:N, mps:N, static-mig:CONFIG\\[@GROUP], and plug-ins.",
     ),
     seed: int | None = typer.Option(None, "--seed", help="Random seed for the workload (overrides the scenario)."),
     duration: float | None = typer.Option(None, "--duration", help="Simulated hours (overrides the scenario)."),
@@ -55,9 +54,11 @@ def simulate(
         if path is not None and not path.resolve().parent.is_dir():
             raise KubegpuError(f"{flag} {path}: cannot write: directory {path.parent} does not exist")
     scenario = _scenario(scenario_file, seed, duration)
-    names = strategy_names(scenario, _strategies(strategies))
-    for name in names:
-        get_strategy(name)  # a bad name is one error line before any progress bar is drawn
+    override = _strategies(strategies)
+    if override is None and scenario_file is not None:
+        check_strategies(scenario, scenario.strategies, str(scenario_file))  # name the file's bad entry
+    names = strategy_names(scenario, override)
+    check_strategies(scenario, names)  # a bad strategy is one error line before any progress bar is drawn
     with Progress(
         TextColumn("[bold]{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
         console=console, transient=False,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.sim.engine import Simulation
 from kubegpu.sim.metrics import StrategyResult
 from kubegpu.sim.scenario import Scenario
@@ -48,6 +49,19 @@ def strategy_names(scenario: Scenario, override: Sequence[str] | None = None) ->
     return [*scenario.strategies, *(name for name in extra if name not in scenario.strategies)]
 
 
+def check_strategies(scenario: Scenario, names: Sequence[str], source: str | None = None) -> None:
+    """Set up the scenario's cluster once per strategy with no jobs, so that a bad name, layout or node group is
+    one error before anything long runs (it costs milliseconds). With `source`, `names` are the scenario file's
+    `strategies` and the error names the file and the entry."""
+    for position, name in enumerate(names):
+        try:
+            Simulation(scenario, get_strategy(name), [], duration=0.0).run()
+        except KubegpuError as exc:
+            if source is None:
+                raise
+            raise ConfigError(f"{source}: strategies[{position}]: {exc}") from None
+
+
 def run_scenario(
     scenario: Scenario,
     strategies: Sequence[str] | None = None,
@@ -55,7 +69,8 @@ def run_scenario(
 ) -> SimulationReport:
     """Simulate every strategy over the same jobs (same seed → same workload → comparable numbers)."""
     names = strategy_names(scenario, strategies)
-    built = [get_strategy(name) for name in names]  # fail on a bad name before any simulation runs
+    check_strategies(scenario, names)
+    built = [get_strategy(name) for name in names]
     jobs = scenario_jobs(scenario)
     results = []
     for strategy in built:

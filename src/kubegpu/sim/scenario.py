@@ -120,11 +120,12 @@ class JobClass(_Model):
             raise ValueError("compute need is a fraction of a full GPU in (0, 1]")
         return value
 
-    @model_validator(mode="after")
-    def _ordered_runtime(self) -> JobClass:
-        if self.runtime[0] > self.runtime[1] or self.runtime[0] <= 0:
-            raise ValueError("runtime: expected a positive duration or [low, high] with low <= high")
-        return self
+    @field_validator("runtime")
+    @classmethod
+    def _ordered_runtime(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] > value[1] or value[0] <= 0:
+            raise ValueError("expected a positive duration or [low, high] with low <= high")
+        return value
 
 
 class WorkloadSpec(_Model):

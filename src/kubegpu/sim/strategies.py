@@ -245,6 +245,14 @@ class StaticMig(BaseStrategy):
     def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
         return smallest_slice_request(job, self.offered, self.whole_gpus)
 
+    def on_start(self, sim: SimControl) -> None:
+        """A group after `@` that the cluster lacks is a typo, not a wish for whole GPUs on every node."""
+        unknown = sorted((self.groups or frozenset()) - {group.name for group in sim.node_groups})
+        if unknown:
+            known = ", ".join(group.name for group in sim.node_groups)
+            raise ConfigError(f"strategy {self.name}: no node group {', '.join(map(repr, unknown))} in the "
+                              f"scenario; its node groups: {known}")
+
 
 def _static_mig(argument: str | None) -> Strategy:
     layout, _, groups = (argument or "all-balanced").partition("@")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kubegpu.sim.runner import check_strategies
 from kubegpu.sim.scenario import parse_scenario
 
 
@@ -11,6 +12,7 @@ def looks_like_scenario(data: object) -> bool:
 
 def _validate(data: object, source: str, options: object) -> str:
     scenario = parse_scenario(data, source)
+    check_strategies(scenario, scenario.strategies, source)
     gpus = sum(group.count * group.gpus_per_node for group in scenario.cluster.node_groups)
     return f"{gpus} GPUs, strategies: {', '.join(scenario.strategies)}"
 
