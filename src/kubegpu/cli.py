@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import typer
@@ -48,33 +49,69 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
 
 
-app = typer.Typer(
-    cls=_OneLineErrors,
-    name="kubegpu",
-    help="Shareable, fully used GPUs in Kubernetes — and a simulator that shows what sharing does.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+COMMAND_COMPONENTS = {
+    "simulate": "kubegpu.sim.cli",
+    "sim-node": "kubegpu.gpu.cli",
+    "device-plugin": "kubegpu.deviceplugin.cli",
+    "mps-control-daemon": "kubegpu.deviceplugin.cli",
+    "discover": "kubegpu.discovery.cli",
+    "mig-parted": "kubegpu.migmanager.cli",
+    "mig-manager": "kubegpu.migmanager.cli",
+    "plan": "kubegpu.partitioner.cli",
+    "partitioner": "kubegpu.partitioner.cli",
+    "partition-agent": "kubegpu.partitioner.cli",
+    "provision": "kubegpu.autoscaler.cli",
+    "autoscaler": "kubegpu.autoscaler.cli",
+    "exporter": "kubegpu.exporter.cli",
+}
+"""Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
+needs them all."""
 
 
-def _register_components() -> None:
-    for module_name in COMPONENT_CLIS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # pragma: no cover - only while a component is being written
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.register(app)
+def _root() -> None:
+    """Shareable, fully used GPUs in Kubernetes — and a simulator that shows what sharing does."""
 
 
-_register_components()
+def build_app(modules: Iterable[str] = COMPONENT_CLIS) -> typer.Typer:
+    application = typer.Typer(
+        cls=_OneLineErrors,
+        name="kubegpu",
+        help="Shareable, fully used GPUs in Kubernetes — and a simulator that shows what sharing does.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    # a callback keeps this a group even with one component loaded (typer runs a lone command without its name)
+    application.callback()(_root)
+    for module_name in modules:
+        importlib.import_module(module_name).register(application)
+    return application
+
+
+def modules_for(argv: Sequence[str]) -> tuple[str, ...]:
+    """A node agent imports only its own component: the exporter and device plugin stay small in memory (no
+    simulator, no numpy), and start faster. Anything else — help, validate-config, a typo — gets every component."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    module = COMMAND_COMPONENTS.get(command or "")
+    return (module,) if module is not None else COMPONENT_CLIS
+
+
+_full_app: typer.Typer | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """`kubegpu.cli.app`, every component registered, built on first use (tests and `--help` use it)."""
+    global _full_app
+    if name == "app":
+        if _full_app is None:
+            _full_app = build_app()
+        return _full_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     try:
-        app()
+        build_app(modules_for(sys.argv[1:]))()
     except KubegpuError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -31,3 +31,23 @@ def test_unknown_strategy_fails_before_any_simulation_runs() -> None:
         "error: unknown strategy 'bogus'; available: autoscaler, dynamic-mig, dynamic-mps, exclusive, mps, "
         "static-mig, time-slicing"
     ]
+
+
+def test_a_node_agent_command_loads_only_its_own_component() -> None:
+    """The exporter and device plugin run on every GPU node: they must not carry the simulator or numpy."""
+    import subprocess
+    import sys
+
+    from kubegpu.cli import COMPONENT_CLIS, modules_for
+
+    assert modules_for(["exporter", "--address", ":9400"]) == ("kubegpu.exporter.cli",)
+    assert modules_for(["mig-parted", "apply", "-f", "x"]) == ("kubegpu.migmanager.cli",)
+    assert modules_for(["--help"]) == COMPONENT_CLIS
+    assert modules_for(["validate-config", "nodepool.yaml"]) == COMPONENT_CLIS  # every component's file kinds
+    probe = ("import sys; sys.argv = ['kubegpu', 'exporter', '--help']\n"
+             "from kubegpu.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('kubegpu.sim', 'numpy', 'kubegpu.autoscaler') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "Serve DCGM-compatible GPU metrics" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "[]"
