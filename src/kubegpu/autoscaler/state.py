@@ -7,26 +7,15 @@ float annotation for the NodeClaim's creation, so virtual and real clocks both g
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.kube import format_timestamp, parse_timestamp
 
 CREATED_AT_ANNOTATION = "kubegpu.io/created-at"
 LAST_POD_EVENT_ANNOTATION = "kubegpu.io/last-pod-event"
 
 
-def timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_timestamp(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
@@ -51,12 +40,12 @@ def with_condition(conditions: Iterable[Mapping[str, Any]], kind: str, status: s
             found = True
             changed = cond.get("status") != status
             out.append({"type": kind, "status": status, "reason": reason, "message": message,
-                        "lastTransitionTime": timestamp(now) if changed else cond.get("lastTransitionTime")})
+                        "lastTransitionTime": format_timestamp(now) if changed else cond.get("lastTransitionTime")})
         else:
             out.append(dict(cond))
     if not found:
         out.append({"type": kind, "status": status, "reason": reason, "message": message,
-                    "lastTransitionTime": timestamp(now)})
+                    "lastTransitionTime": format_timestamp(now)})
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent, format_timestamp, record_event
+from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent, format_timestamp, parse_timestamp, record_event
 from kubegpu.kube.errors import ApiError, BadRequest, Conflict, Gone, Invalid, NotFound, error_for
 from kubegpu.kube.memory import MemoryCluster
 from kubegpu.kube.resources import KINDS, KUBEGPU_GROUP, ResourceKind, register_kind, resource_kind
@@ -32,6 +32,7 @@ __all__ = [
     "WatchEvent",
     "error_for",
     "format_timestamp",
+    "parse_timestamp",
     "record_event",
     "register_kind",
     "resource_kind",

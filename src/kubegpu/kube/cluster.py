@@ -74,9 +74,22 @@ class Cluster(Protocol):
 PATCH_TYPES = ("merge", "json", "strategic")
 
 
-def format_timestamp(seconds: float) -> str:
-    """RFC 3339 in UTC with second precision, as the API server writes metav1.Time."""
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def format_timestamp(seconds: float, micro: bool = False) -> str:
+    """RFC 3339 in UTC as the API server writes it: metav1.Time to the second, metav1.MicroTime (a Lease's
+    acquire/renew times) to the microsecond."""
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str | None) -> float | None:
+    """Seconds since the epoch from a metav1.Time or MicroTime; None when absent or unreadable (a controller then
+    treats the object as having no such time, never crashes on it)."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def record_event(

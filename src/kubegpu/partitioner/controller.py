@@ -13,12 +13,11 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.gpu.catalog import get_model
-from kubegpu.kube import Cluster, Conflict, NotFound, record_event
+from kubegpu.kube import Cluster, Conflict, NotFound, format_timestamp, parse_timestamp, record_event
 from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.planner import (
@@ -86,22 +85,6 @@ class Batcher:
 # --- leader election ------------------------------------------------------------------------------------------
 
 
-def _micro_time(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_micro_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text.replace("+00:00", "Z"), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        try:
-            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-
-
 @dataclass
 class LeaderElector:
     """A `coordination.k8s.io/v1` Lease held by one replica; others take it over only once it has expired.
@@ -123,15 +106,16 @@ class LeaderElector:
             return self._create(now)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
-        renewed = _parse_micro_time(spec.get("renewTime"))
+        renewed = parse_timestamp(spec.get("renewTime"))
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         expired = renewed is None or now >= renewed + duration
         if holder not in (None, "", self.identity) and not expired:
             return False
-        patch_spec: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": _micro_time(now),
+        renew = format_timestamp(now, micro=True)
+        patch_spec: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": renew,
                                       "leaseDurationSeconds": int(self.lease_duration)}
         if holder != self.identity:
-            patch_spec["acquireTime"] = _micro_time(now)
+            patch_spec["acquireTime"] = format_timestamp(now, micro=True)
             patch_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         rv = (lease.get("metadata") or {}).get("resourceVersion")
         try:
@@ -147,7 +131,8 @@ class LeaderElector:
             "kind": "Lease",
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
-                     "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0},
+                     "acquireTime": format_timestamp(now, micro=True),
+                     "renewTime": format_timestamp(now, micro=True), "leaseTransitions": 0},
         }
         try:
             self.cluster.create(lease)
