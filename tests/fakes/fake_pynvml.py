@@ -80,6 +80,7 @@ def _gi_id(profile_id: int, start: int) -> int:
 @dataclass
 class _Gpu:
     index: int
+    minor: int  # /dev/nvidia<minor>: the driver's probe order, deliberately not the NVML index here
     mig_current: int = 0
     mig_pending: int = 0
     instances: dict[int, _GpuInstance] = field(default_factory=dict)
@@ -148,7 +149,9 @@ class FakeNvml:
     def __init__(self, gpu_count: int = 8, library_present: bool = True) -> None:
         self._library_present = library_present
         self._initialised = 0
-        self._gpus = [_Gpu(index) for index in range(gpu_count)]
+        # minors run backwards (GPU 0 is /dev/nvidia7 on 8 GPUs), as on hosts whose PCI probe order differs from
+        # NVML's bus-id order, so a test catches code that builds /dev/nvidia<index>
+        self._gpus = [_Gpu(index, minor=gpu_count - 1 - index) for index in range(gpu_count)]
         self._event_sets: list[_EventSet] = []
         self._serial = 0
         self.calls: list[str] = []  # names of NVML functions called, for tests that check the API used
@@ -238,6 +241,10 @@ class FakeNvml:
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
         self._enter("nvmlDeviceGetNumaNodeId")
         return 0 if self._gpu(handle).index < 4 else 1
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        self._enter("nvmlDeviceGetMinorNumber")
+        return self._gpu(handle).minor
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
         self._enter("nvmlDeviceGetCudaComputeCapability")

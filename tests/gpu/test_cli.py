@@ -113,3 +113,101 @@ def test_node_name_must_be_a_kubernetes_node_name(tmp_path: Path) -> None:
         assert isinstance(result.exception, KubegpuError)
         assert str(result.exception).startswith(f"--node-name {bad!r}: must be a Kubernetes node name")
         assert not (tmp_path / "n.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- add/remove-process
+
+
+def _one_error_line(output: str, *words: str) -> str:
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def _layout(node: Path) -> list[tuple[int, int, int]]:
+    return [(m.gi_id, m.profile_id, m.start) for m in SimulatedBackend(node).mig_devices(0)]
+
+
+def test_an_instance_in_use_from_the_shell_stops_mig_parted(tmp_path: Path) -> None:
+    from kubegpu.cli import app  # every component: the sim-node and mig-parted commands together, as a user runs them
+
+    node = tmp_path / "node.json"
+    backend = SimulatedBackend.create(node, gpus="1xA100-SXM4-80GB")
+    mig_parted = ["mig-parted", "apply", "--gpu-backend", f"sim:{node}", "-c"]
+    assert runner.invoke(app, [*mig_parted, "all-balanced"]).exit_code == 0
+    big = next(m for m in backend.mig_devices(0) if m.profile_name == "3g.40gb")
+    added = runner.invoke(app, ["sim-node", "add-process", str(node), "--gpu", "0", "--pid", "4242",
+                                "--memory-mib", "1000", "--gi", str(big.gi_id), "--name", "train.py"])
+    assert added.exit_code == 0, added.output
+    assert f"process 4242 (train.py) runs on GPU 0 GI {big.gi_id} holding 1000 MiB" in added.output
+    assert [(p.pid, p.gi_id, p.used_memory_mib) for p in backend.processes(0)] == [(4242, big.gi_id, 1000)]
+    shown = runner.invoke(app, ["sim-node", "show", str(node)])
+    assert "Processes" in shown.output and "train.py" in shown.output
+    before = _layout(node)
+
+    refused = runner.invoke(app, [*mig_parted, "all-1g.10gb"])
+    assert refused.exit_code == 1
+    _one_error_line(refused.output, "GPU 0: MIG device 3g.40gb", "pid 4242 (train.py)", "--force")
+    assert _layout(node) == before
+    # --force passes mig-parted's own check, but the driver still will not destroy an instance a process runs in
+    # (NVML answers IN_USE): the sim says so in one line and the in-use instance stays
+    forced = runner.invoke(app, [*mig_parted, "all-1g.10gb", "--force"])
+    assert forced.exit_code == 1
+    _one_error_line(forced.output, f"GPU instance {big.gi_id}", "in use by process(es) 4242")
+    assert (big.gi_id, big.profile_id, big.start) in _layout(node)
+
+    removed = runner.invoke(app, ["sim-node", "remove-process", str(node), "--gpu", "0", "--pid", "4242"])
+    assert removed.exit_code == 0, removed.output
+    assert backend.processes(0) == []
+    applied = runner.invoke(app, [*mig_parted, "all-1g.10gb"])
+    assert applied.exit_code == 0, applied.output
+    assert sorted(m.profile_name for m in backend.mig_devices(0)) == ["1g.10gb"] * 7
+
+
+def test_force_goes_through_a_whole_gpu_process_on_hopper(tmp_path: Path) -> None:
+    from kubegpu.cli import app
+
+    node = tmp_path / "node.json"
+    backend = SimulatedBackend.create(node, gpus="1xH100-SXM5-80GB")
+    added = runner.invoke(app, ["sim-node", "add-process", str(node), "--gpu", "0", "--pid", "7",
+                                "--memory-mib", "500"])
+    assert added.exit_code == 0, added.output
+    assert "process 7 (python) runs on GPU 0 holding 500 MiB" in added.output
+    mig_parted = ["mig-parted", "apply", "--gpu-backend", f"sim:{node}", "-c", "all-balanced"]
+    refused = runner.invoke(app, mig_parted)
+    assert refused.exit_code == 1
+    _one_error_line(refused.output, "pid 7 (python) is using the GPU; not changing its MIG mode (use --force)")
+    assert not backend.devices()[0].mig_enabled
+    forced = runner.invoke(app, [*mig_parted, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert backend.devices()[0].mig_enabled and backend.mig_devices(0)
+
+
+def test_bad_gpu_gi_and_pid_are_one_line(tmp_path: Path) -> None:
+    from kubegpu.cli import app
+
+    node = tmp_path / "node.json"
+    backend = SimulatedBackend.create(node, gpus="2xA100-SXM4-80GB")
+    backend.set_mig_mode(1, True)
+    backend.reset_gpu(1)
+    gi = backend.create_mig_device(1, 19, 0).gi_id
+    add = ["sim-node", "add-process", str(node), "--memory-mib", "100"]
+    text = node.read_text()
+    cases = [
+        ([*add, "--gpu", "5", "--pid", "1"], "no GPU 5"),
+        ([*add, "--gpu", "0", "--pid", "1", "--gi", "3"], "has no GPU instance 3"),
+        ([*add, "--gpu", "1", "--pid", "1"], f"has MIG enabled, so a process runs in a GPU instance; name one of "
+                                             f"GPU instances {gi}"),
+        ([*add, "--gpu", "0", "--pid", "-4"], "pid -4: must be a positive process id"),
+        (["sim-node", "add-process", str(node), "--gpu", "0", "--pid", "1", "--memory-mib", "90000"],
+         "pid 1: 90000 MiB does not fit on GPU 0"),
+        (["sim-node", "remove-process", str(node), "--gpu", "0", "--pid", "4242"], "no process 4242 on GPU 0"),
+        (["sim-node", "remove-process", str(tmp_path / "none.json"), "--gpu", "0", "--pid", "1"], "not found"),
+    ]
+    for args, words in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        _one_error_line(result.output, words)
+    assert node.read_text() == text  # nothing refused was written

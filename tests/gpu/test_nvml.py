@@ -121,3 +121,22 @@ def test_nvml_errors_become_backend_errors() -> None:
     fake.fake_add_process(0, 9, 10)
     with pytest.raises(GpuBackendError, match="setting MIG mode off on GPU 0: NVML error: In use by another client"):
         backend.set_mig_mode(0, False)
+
+
+def test_minor_numbers_come_from_the_driver_not_the_index() -> None:
+    fake = FakeNvml()
+    devices = _backend(fake).devices()
+    assert [(d.index, d.minor_number) for d in devices] == [(i, 7 - i) for i in range(8)]  # the fake's reversed order
+    assert [d.device_minor for d in devices] == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert "nvmlDeviceGetMinorNumber" in fake.calls
+
+
+def test_a_driver_without_minor_numbers_falls_back_to_the_index() -> None:
+    fake = FakeNvml(gpu_count=2)
+
+    def unsupported(handle: object) -> int:
+        raise fake.NVMLError_NotSupported()
+
+    fake.nvmlDeviceGetMinorNumber = unsupported  # type: ignore[method-assign]
+    devices = _backend(fake).devices()
+    assert [(d.minor_number, d.device_minor) for d in devices] == [(None, 0), (None, 1)]

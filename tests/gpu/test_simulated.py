@@ -173,6 +173,8 @@ def _edited_node(tmp_path: Path, edit: str) -> Path:
     ("gpus.0.mig_devices.0.load=[]", "node.json: gpus[0].mig_devices[0].load: must be an object, got []"),
     ("gpus.0.processes.0=7", "node.json: gpus[0].processes[0]: must be an object"),
     ("xid_events.0.xid=\"79\"", "node.json: xid_events[0].xid: must be an integer, got \"79\""),
+    ("gpus.0.minor_number=\"0\"", "node.json: gpus[0].minor_number: must be an integer, got \"0\""),
+    ("gpus.0.minor_number=-1", "node.json: gpus[0].minor_number: must not be negative, got -1"),
 ])
 def test_a_hand_edited_node_file_names_the_field(tmp_path: Path, edit: str, message: str) -> None:
     path = _edited_node(tmp_path, edit)
@@ -218,3 +220,78 @@ def test_two_processes_writing_at_once_do_not_corrupt_the_file(tmp_path: Path) -
     assert pids == list(range(1000, 1040)) + list(range(2000, 2040))  # no lost update
     assert len(backend.xid_events(-1.0)) == 80
     assert backend.generation() == 160
+
+
+# ---------------------------------------------------------------------------------------------- minor numbers
+
+
+def test_minor_numbers_default_to_the_index_and_edited_ones_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    backend = SimulatedBackend.create(path, gpus="4xA100-SXM4-80GB")
+    assert [(d.index, d.minor_number) for d in backend.devices()] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    state = json.loads(path.read_text())
+    for gpu, minor in zip(state["gpus"], (2, 3, 0, 1), strict=True):
+        gpu["minor_number"] = minor  # a host that probes the second PCI switch first
+    path.write_text(json.dumps(state))
+    assert [(d.index, d.device_minor) for d in SimulatedBackend(path).devices()] == [(0, 2), (1, 3), (2, 0), (3, 1)]
+
+
+def test_a_node_file_written_before_minor_numbers_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    state = SimulatedBackend(None, gpus="2xL4").snapshot()
+    for gpu in state["gpus"]:
+        del gpu["minor_number"]
+    path.write_text(json.dumps(state))
+    backend = SimulatedBackend(path)
+    assert [(d.minor_number, d.device_minor) for d in backend.devices()] == [(0, 0), (1, 1)]
+    backend.set_load(1, 50.0, 100)  # and it can still be changed
+    assert backend.sample(1).gpu_util == 50.0
+
+
+def test_two_gpus_with_one_minor_number_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    state = SimulatedBackend(None, gpus="3xL4").snapshot()
+    state["gpus"][2]["minor_number"] = 0
+    path.write_text(json.dumps(state))
+    with pytest.raises(ConfigError) as caught:
+        SimulatedBackend(path).devices()
+    assert str(caught.value) == f"{path}: gpus[2].minor_number: 0 is already GPU 0's minor number"
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def test_processes_are_checked_like_the_driver_would() -> None:
+    backend = SimulatedBackend(None, gpus="1xA100-SXM4-80GB,1xH100-SXM5-80GB")
+    backend.set_mig_mode(1, True)
+    device = backend.create_mig_device(1, 19, 0)  # 1g.12gb on H100-80GB
+    with pytest.raises(GpuBackendError, match="pid 0: must be a positive process id"):
+        backend.add_process(0, 0, 10)
+    with pytest.raises(GpuBackendError, match="used memory -5 MiB must not be negative"):
+        backend.add_process(0, 7, -5)
+    with pytest.raises(GpuBackendError, match=f"has MIG enabled, so a process runs in a GPU instance; name one of "
+                                              f"GPU instances {device.gi_id}$"):
+        backend.add_process(1, 7, 10)
+    with pytest.raises(GpuBackendError, match="has no GPU instance 9"):
+        backend.add_process(1, 7, 10, gi_id=9)
+    with pytest.raises(GpuBackendError, match=r"pid 7: 81921 MiB does not fit on GPU 0 .*: 81920 of 81920 MiB free$"):
+        backend.add_process(0, 7, 81921)
+    backend.add_process(1, 7, device.memory_mib - 100, gi_id=device.gi_id)
+    with pytest.raises(GpuBackendError, match=f"pid 8: 101 MiB does not fit on GPU instance {device.gi_id} on GPU 1 "
+                                              f".*: 100 of {device.memory_mib} MiB free"):
+        backend.add_process(1, 8, 101, gi_id=device.gi_id)
+    backend.add_process(1, 7, 1000, gi_id=device.gi_id, name="train")  # the same pid replaces its entry
+    assert [(p.pid, p.gi_id, p.used_memory_mib, p.name) for p in backend.processes(1)] == [
+        (7, device.gi_id, 1000, "train")]
+    assert backend.processes(0) == []  # nothing refused above was recorded
+
+
+def test_removing_an_unknown_process_is_an_error() -> None:
+    backend = SimulatedBackend(None, gpus="1xL4")
+    backend.add_process(0, 11, 10)
+    with pytest.raises(GpuBackendError, match=r"no process 12 on GPU 0 \(NVIDIA L4\) \(running: 11\)"):
+        backend.remove_process(0, 12)
+    backend.remove_process(0, 11)
+    assert backend.processes(0) == []
+    with pytest.raises(GpuBackendError, match="running: none"):
+        backend.remove_process(0, 11)

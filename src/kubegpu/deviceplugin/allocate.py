@@ -83,12 +83,19 @@ def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     return gi_minor, gi_minor + 1 + ci_id
 
 
+def gpu_minor(device: AnnotatedDevice) -> int:
+    """The N of the GPU's /dev/nvidia<N>: the driver's minor number when the backend reported one, else the index.
+    They differ on hosts whose PCI probe order is not NVML's order, and the wrong node hands over the wrong GPU."""
+    return device.minor if device.minor >= 0 else device.gpu_index
+
+
 def device_nodes(device: AnnotatedDevice) -> list[str]:
     """The GPU's /dev/nvidia<minor>; a MIG device also needs its two capability nodes, or CUDA cannot open it."""
-    nodes = [f"/dev/nvidia{device.minor}"]
+    minor = gpu_minor(device)
+    nodes = [f"/dev/nvidia{minor}"]
     if device.mig is not None:
-        caps = mig_cap_minors(device.minor, device.mig.gi_id, device.mig.ci_id)
-        nodes.extend(f"{MIG_CAPS_DIR}/nvidia-cap{minor}" for minor in caps)
+        caps = mig_cap_minors(minor, device.mig.gi_id, device.mig.ci_id)
+        nodes.extend(f"{MIG_CAPS_DIR}/nvidia-cap{cap}" for cap in caps)
     return nodes
 
 

@@ -310,7 +310,7 @@ def _device(unit: _Unit, resource: str, id_: str, **extra: Any) -> AnnotatedDevi
         numa_node=unit.gpu.numa_node,
         physical_id=unit.physical_id,
         memory_mib=unit.memory_mib,
-        minor=int(getattr(unit.gpu, "minor_number", unit.gpu.index)),
+        minor=int(getattr(unit.gpu, "device_minor", unit.gpu.index)),
         **extra,
     )
 

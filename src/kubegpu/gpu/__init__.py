@@ -4,7 +4,7 @@
 - `geometry`: legal layouts, placement around in-use instances, enumeration of feasible/maximal layouts (pure).
 - `backend`: the `GpuBackend` protocol and its dataclasses; `open_backend("nvml" | "sim:PATH")`.
 - `simulated`: a node in a locked JSON file (or in memory); `nvml`: real GPUs through nvidia-ml-py.
-- `cli`: `kubegpu sim-node create | inject-xid | show`.
+- `cli`: `kubegpu sim-node create | inject-xid | set-load | add-process | remove-process | show`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,14 @@ class GpuDevice:
     mig_capable: bool
     mig_enabled: bool  # the current mode
     mig_pending: bool  # a mode change waits for a GPU reset (Ampere)
+    # /dev/nvidia<minor>: the driver numbers device files in its own (PCI probe) order, not NVML's index order, so
+    # whoever builds device paths must use this; None when the backend cannot tell (then the index is the best guess)
+    minor_number: int | None = None
+
+    @property
+    def device_minor(self) -> int:
+        """The minor of this GPU's /dev/nvidia<N> node: the driver's when known, else the index."""
+        return self.index if self.minor_number is None else self.minor_number
 
 
 @dataclass

@@ -74,6 +74,34 @@ def set_load(
                f"{reading.memory_used_mib} MiB used, {reading.power_w:.0f} W")
 
 
+@sim_node.command("add-process")
+def add_process(
+    node_file: Path = typer.Argument(..., help="Simulated node file."),
+    gpu: int = typer.Option(..., "--gpu", help="GPU index."),
+    pid: int = typer.Option(..., "--pid", help="Process id (the same pid again replaces its entry)."),
+    memory: int = typer.Option(..., "--memory-mib", help="GPU memory the process holds, MiB."),
+    gi: int | None = typer.Option(None, "--gi", help="GPU instance it runs in (required when MIG is enabled)."),
+    name: str = typer.Option("python", "--name", help="Process name, as nvidia-smi would show it."),
+) -> None:
+    """Start a compute process on a GPU or MIG device: the instance is then "in use", so `mig-parted apply` will
+    not destroy it and the GPU cannot be reset; its memory counts as used in samples (and so in the exporter)."""
+    backend = SimulatedBackend(node_file)
+    backend.add_process(gpu, pid, memory, gi_id=gi, name=name)
+    where = f"GPU {gpu}" + (f" GI {gi}" if gi is not None else "")
+    typer.echo(f"process {pid} ({name}) runs on {where} holding {memory} MiB")
+
+
+@sim_node.command("remove-process")
+def remove_process(
+    node_file: Path = typer.Argument(..., help="Simulated node file."),
+    gpu: int = typer.Option(..., "--gpu", help="GPU index."),
+    pid: int = typer.Option(..., "--pid", help="Process id given to add-process."),
+) -> None:
+    """End a process started with add-process, freeing its GPU or MIG device."""
+    SimulatedBackend(node_file).remove_process(gpu, pid)
+    typer.echo(f"process {pid} on GPU {gpu} ended")
+
+
 @sim_node.command("show")
 def show(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
     """Print the node: GPUs with their load, MIG devices with their placements, recent XID events."""
@@ -86,6 +114,9 @@ def show(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> 
     mig_table = _mig_table(backend)
     if mig_table.row_count:
         console.print(mig_table)
+    process_table = _process_table(backend)
+    if process_table.row_count:
+        console.print(process_table)
     if state["xid_events"]:
         console.print(_xid_table(state))
 
@@ -99,14 +130,15 @@ def _mig_mode(device_enabled: bool, pending: bool, capable: bool) -> str:
 
 def _gpu_table(backend: SimulatedBackend) -> Table:
     table = Table(title="GPUs")
-    for column in ("#", "model", "uuid", "pci bus", "numa", "MIG", "util %", "memory MiB", "temp °C", "power W",
-                   "processes"):
+    for column in ("#", "model", "uuid", "pci bus", "numa", "dev", "MIG", "util %", "memory MiB", "temp °C",
+                   "power W", "processes"):
         table.add_column(column)
     for device in backend.devices():
         reading = backend.sample(device.index)
         table.add_row(
             str(device.index), device.model_key or device.product_name, device.uuid, device.pci_bus_id,
-            str(device.numa_node), _mig_mode(device.mig_enabled, device.mig_pending, device.mig_capable),
+            str(device.numa_node), f"/dev/nvidia{device.device_minor}",
+            _mig_mode(device.mig_enabled, device.mig_pending, device.mig_capable),
             f"{reading.gpu_util:.0f}", f"{reading.memory_used_mib}/{device.memory_mib}",
             f"{reading.temperature_c:.0f}", f"{reading.power_w:.0f}",
             str(len(backend.processes(device.index))),
@@ -122,6 +154,17 @@ def _mig_table(backend: SimulatedBackend) -> Table:
         for mig in backend.mig_devices(device.index):
             table.add_row(str(mig.gpu_index), str(mig.gi_id), str(mig.ci_id), mig.profile_name,
                           f"{mig.start}:{mig.size}", str(mig.memory_mib), str(mig.multiprocessors), mig.uuid)
+    return table
+
+
+def _process_table(backend: SimulatedBackend) -> Table:
+    table = Table(title="Processes")
+    for column in ("gpu", "gi", "pid", "name", "memory MiB"):
+        table.add_column(column)
+    for device in backend.devices():
+        for process in backend.processes(device.index):
+            table.add_row(str(process.gpu_index), "-" if process.gi_id is None else str(process.gi_id),
+                          str(process.pid), process.name, str(process.used_memory_mib))
     return table
 
 

@@ -172,6 +172,7 @@ class NvmlBackend:
             multiprocessors = int(attributes.multiprocessorCount) if attributes is not None else (
                 model.multiprocessors if model else 0)
             numa = self._optional(lambda: nvml.nvmlDeviceGetNumaNodeId(handle), None)
+            device_minor = self._optional(lambda: nvml.nvmlDeviceGetMinorNumber(handle), None)
             current, pending = (int(mode[0]), int(mode[1])) if mode is not None else (0, 0)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             return GpuDevice(
@@ -183,6 +184,7 @@ class NvmlBackend:
                 compute_capability=(int(major), int(minor)),
                 multiprocessors=multiprocessors, mig_capable=mode is not None,
                 mig_enabled=current == nvml.NVML_DEVICE_MIG_ENABLE, mig_pending=current != pending,
+                minor_number=int(device_minor) if device_minor is not None else None,
             )
 
     def set_mig_mode(self, index: int, enabled: bool) -> bool:

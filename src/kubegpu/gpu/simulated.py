@@ -12,12 +12,16 @@ MIG devices do not survive a reset or reboot.
 State file (JSON, `"kind": "kubegpu-sim-node"`, `"version": 1`)::
 
     {"kind", "version", "node_name", "driver_version", "cuda_driver_version": [12, 4], "generation",
-     "gpus": [{"index", "model", "uuid", "pci_bus_id", "numa_node", "mig_enabled", "mig_pending_enabled",
-               "mig_serial", "mig_devices": [{"gi_id", "ci_id", "profile_id", "start", "uuid", "load"}],
+     "gpus": [{"index", "model", "uuid", "pci_bus_id", "numa_node", "minor_number", "mig_enabled",
+               "mig_pending_enabled", "mig_serial",
+               "mig_devices": [{"gi_id", "ci_id", "profile_id", "start", "uuid", "load"}],
                "processes": [{"pid", "gi_id", "used_memory_mib", "name"}],
                "load": {"gpu_util", "mem_copy_util", "memory_used_mib", "temperature_c", "power_w",
                         "energy_mj", "energy_at", "xid_last", "pcie_replay"}}],
      "xid_events": [{"gpu_index", "xid", "timestamp", "gi_id"}]}
+
+`minor_number` (the N of /dev/nvidia<N>) is the index on a new node; edit it to model a host whose driver numbers
+device files in another order. Files written before it existed have none and read as minor = index.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def new_node_state(models: Sequence[GpuModel], node_name: str = "sim-node",
             "uuid": "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node_name}/gpu/{index}")),
             "pci_bus_id": f"00000000:{bus}:00.0",
             "numa_node": 0 if index < max(count // 2, 1) else 1,
+            "minor_number": index,
             "mig_enabled": False,
             "mig_pending_enabled": None,
             "mig_serial": 0,
@@ -120,6 +125,7 @@ _TOP_FIELDS: FieldTypes = {"node_name": str, "driver_version": str, "cuda_driver
 _GPU_FIELDS: FieldTypes = {"model": str, "uuid": str, "pci_bus_id": str, "numa_node": int, "mig_enabled": bool,
                            "mig_pending_enabled": (bool, type(None)), "mig_serial": int, "mig_devices": list,
                            "processes": list, "load": dict}
+_OPTIONAL_GPU_FIELDS: FieldTypes = {"minor_number": int}  # absent in files written before it existed
 _LOAD_FIELDS: FieldTypes = {"gpu_util": _NUMBER, "mem_copy_util": _NUMBER, "memory_used_mib": int, "xid_last": int,
                             "pcie_replay": int}
 _OPTIONAL_LOAD_FIELDS: FieldTypes = {"temperature_c": _MAYBE_NUMBER, "power_w": _MAYBE_NUMBER,
@@ -183,19 +189,37 @@ def check_state(state: object, source: str) -> State:
         except NotFoundError as exc:
             raise ConfigError(f"{source}: gpus[{position}].model: {exc}") from exc
         _check_gpu(gpu, source, f"gpus[{position}]")
+    _check_minor_numbers(gpus, source)
     for position, event in enumerate(state["xid_events"]):
         _check_fields(event, source, f"xid_events[{position}]", _XID_FIELDS)
     return state
 
 
 def _check_gpu(gpu: dict[str, Any], source: str, where: str) -> None:
-    _check_fields(gpu, source, where, _GPU_FIELDS)
+    _check_fields(gpu, source, where, _GPU_FIELDS, _OPTIONAL_GPU_FIELDS)
     _check_fields(gpu["load"], source, f"{where}.load", _LOAD_FIELDS, _OPTIONAL_LOAD_FIELDS)
     for position, record in enumerate(gpu["mig_devices"]):
         _check_fields(record, source, f"{where}.mig_devices[{position}]", _MIG_FIELDS)
         _check_fields(record["load"], source, f"{where}.mig_devices[{position}].load", _MIG_LOAD_FIELDS)
     for position, process in enumerate(gpu["processes"]):
         _check_fields(process, source, f"{where}.processes[{position}]", _PROCESS_FIELDS)
+
+
+def _minor_number(gpu: dict[str, Any]) -> int:
+    return int(gpu.get("minor_number", gpu["index"]))
+
+
+def _check_minor_numbers(gpus: list[dict[str, Any]], source: str) -> None:
+    """Two GPUs behind one /dev/nvidia<N> would hand a container the wrong GPU: refuse such a node file."""
+    owner: dict[int, int] = {}
+    for gpu in gpus:
+        minor = _minor_number(gpu)
+        where = f"{source}: gpus[{gpu['index']}].minor_number"
+        if minor < 0:
+            raise ConfigError(f"{where}: must not be negative, got {minor}")
+        if minor in owner:
+            raise ConfigError(f"{where}: {minor} is already GPU {owner[minor]}'s minor number")
+        owner[minor] = gpu["index"]
 
 
 def _gpu(state: State, index: int) -> dict[str, Any]:
@@ -222,7 +246,7 @@ def _to_device(gpu: dict[str, Any]) -> GpuDevice:
         memory_mib=model.memory_mib, pci_bus_id=gpu["pci_bus_id"], pci_device_id=model.pci_device_id,
         numa_node=gpu["numa_node"], compute_capability=model.compute_capability,
         multiprocessors=model.multiprocessors, mig_capable=model.mig_capable, mig_enabled=gpu["mig_enabled"],
-        mig_pending=pending is not None and pending != gpu["mig_enabled"],
+        mig_pending=pending is not None and pending != gpu["mig_enabled"], minor_number=_minor_number(gpu),
     )
 
 
@@ -323,16 +347,44 @@ def _mig_record(gpu: dict[str, Any], gi_id: int) -> dict[str, Any]:
 
 def add_process(state: State, index: int, pid: int, used_memory_mib: int, gi_id: int | None = None,
                 name: str = "python") -> None:
+    """A compute process on a GPU (or in one of its GPU instances), as the driver would list it; the same pid again
+    replaces its entry. Refused where no real process could be: a MIG GPU outside any instance, more memory than
+    the GPU or instance has left."""
     gpu = _gpu(state, index)
-    if gi_id is not None:
-        _mig_record(gpu, gi_id)
-    gpu["processes"] = [p for p in gpu["processes"] if p["pid"] != pid]
-    gpu["processes"].append({"pid": pid, "gi_id": gi_id, "used_memory_mib": used_memory_mib, "name": name})
+    if pid <= 0:
+        raise GpuBackendError(f"pid {pid}: must be a positive process id")
+    if used_memory_mib < 0:
+        raise GpuBackendError(f"pid {pid}: used memory {used_memory_mib} MiB must not be negative")
+    if gi_id is None and gpu["mig_enabled"]:
+        ids = ", ".join(str(record["gi_id"]) for record in gpu["mig_devices"])
+        choice = f"name one of GPU instances {ids}" if ids else "it has no GPU instances yet"
+        raise GpuBackendError(f"{_describe(gpu)} has MIG enabled, so a process runs in a GPU instance; {choice}")
+    others = [p for p in gpu["processes"] if p["pid"] != pid]
+    capacity = _memory_mib(gpu, gi_id)
+    in_use = sum(int(p["used_memory_mib"]) for p in others if p["gi_id"] == gi_id)
+    if in_use + used_memory_mib > capacity:
+        where = _describe(gpu) if gi_id is None else f"GPU instance {gi_id} on {_describe(gpu)}"
+        raise GpuBackendError(f"pid {pid}: {used_memory_mib} MiB does not fit on {where}: {capacity - in_use} of "
+                              f"{capacity} MiB free")
+    gpu["processes"] = [*others, {"pid": pid, "gi_id": gi_id, "used_memory_mib": used_memory_mib, "name": name}]
+
+
+def _memory_mib(gpu: dict[str, Any], gi_id: int | None) -> int:
+    """Memory of the whole GPU, or of one of its GPU instances (an unknown instance is an error)."""
+    model = _model(gpu)
+    if gi_id is None:
+        return model.memory_mib
+    return model.profile(_mig_record(gpu, gi_id)["profile_id"]).memory_mib
 
 
 def remove_process(state: State, index: int, pid: int) -> None:
+    """The process exits. An unknown pid is an error: a typo must not look like a freed GPU."""
     gpu = _gpu(state, index)
-    gpu["processes"] = [p for p in gpu["processes"] if p["pid"] != pid]
+    remaining = [p for p in gpu["processes"] if p["pid"] != pid]
+    if len(remaining) == len(gpu["processes"]):
+        running = ", ".join(str(p["pid"]) for p in gpu["processes"]) or "none"
+        raise GpuBackendError(f"no process {pid} on {_describe(gpu)} (running: {running})")
+    gpu["processes"] = remaining
 
 
 def set_load(state: State, index: int, now: float, gpu_util: float, memory_used_mib: int,
