@@ -3,9 +3,9 @@
     python benchmarks/provisioning.py [--quick] [--sizes 1000,5000,20000] [--seed 42]
 
 CPU variant (reference §A.8): one NodePool, Karpenter's 400 fake instance types (`fake.InstanceTypes(400)`),
-pods with CPU from {100, 250, 500, 1000, 1500}m and memory from {100, 256, 512, 1024, 2048, 4096}Mi; one pod in
-five carries required hostname anti-affinity (Karpenter's mix also has zonal spread and pod affinity, which this
-scheduler does not implement — see docs/autoscaler.md).
+pods with CPU from {100, 250, 500, 1000, 1500}m and memory from {100, 256, 512, 1024, 2048, 4096}Mi, Karpenter's
+"diverse" mix: one fifth each of generic pods, zonal topology spread (maxSkew 1, DoNotSchedule), hostname topology
+spread (maxSkew 1), zonal self-affinity (required podAffinity on the zone) and hostname anti-affinity.
 GPU variant: the shipped GPU/CPU catalogue, four NodePools (CPU-only, time-sliced x4, MIG `all-balanced`, whole
 GPUs) and pods asking for CPU only, whole GPUs, MIG profiles and shared replicas.
 
@@ -52,23 +52,51 @@ def _pool(name: str, weight: int | None = None, requirements: Sequence[dict[str,
     return parse_nodepool({"metadata": {"name": name}, "spec": spec})
 
 
+ZONE_KEY = "topology.kubernetes.io/zone"
+HOST_KEY = "kubernetes.io/hostname"
+# Karpenter's "diverse" mix, one kind per pod in turn; each constrained kind selects its own label.
+DIVERSE = ("generic", "zonal-spread", "hostname-spread", "zonal-affinity", "hostname-anti-affinity")
+
+
+def _constraints(kind: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """(labels, spec fields) for one kind of the diverse mix."""
+    if kind == "generic":
+        return {}, {}
+    labels = {"app": kind}
+    selector = {"matchLabels": labels}
+    if kind in ("zonal-spread", "hostname-spread"):
+        key = ZONE_KEY if kind == "zonal-spread" else HOST_KEY
+        return labels, {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": key,
+                                                        "whenUnsatisfiable": "DoNotSchedule",
+                                                        "labelSelector": selector}]}
+    term = [{"topologyKey": ZONE_KEY if kind == "zonal-affinity" else HOST_KEY, "labelSelector": selector}]
+    field = "podAffinity" if kind == "zonal-affinity" else "podAntiAffinity"
+    return labels, {"affinity": {field: {"requiredDuringSchedulingIgnoredDuringExecution": term}}}
+
+
 def _pod(i: int, requests: dict[str, str], limits: dict[str, str] | None = None,
-         anti: bool = False) -> dict[str, Any]:
+         kind: str = "generic") -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": requests}
     if limits:
         resources["limits"] = limits
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": resources}]}
+    labels, extra = _constraints(kind)
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": resources}], **extra}
     meta: dict[str, Any] = {"name": f"pod-{i}", "namespace": "default", "uid": f"uid-{i}"}
-    if anti:
-        meta["labels"] = {"app": "spread"}
-        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}}
+    if labels:
+        meta["labels"] = labels
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def cpu_pods(count: int, rng: random.Random, anti_every: int = 5) -> list[dict[str, Any]]:
+def cpu_pods(count: int, rng: random.Random, diverse: bool = True) -> list[dict[str, Any]]:
+    """Karpenter's CPU shape; `diverse`: one pod in five of each kind in DIVERSE, else all generic."""
     return [_pod(i, {"cpu": f"{rng.choice(CPU_MILLI)}m", "memory": f"{rng.choice(MEMORY_MI)}Mi"},
-                 anti=anti_every > 0 and i % anti_every == anti_every - 1) for i in range(count)]
+                 kind=DIVERSE[i % len(DIVERSE)] if diverse else "generic") for i in range(count)]
+
+
+def _own_node(pod: dict[str, Any]) -> str | None:
+    """The group whose pods need a node each (hostname anti-affinity or hostname spread with maxSkew 1), if any."""
+    app = ((pod.get("metadata") or {}).get("labels") or {}).get("app")
+    return app if app in ("hostname-spread", "hostname-anti-affinity") else None
 
 
 def gpu_pods(count: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -118,13 +146,17 @@ def _options(pools: Sequence[NodePool], types: Sequence[InstanceType], model: Ca
 
 
 def lp_lower_bound(pods: Sequence[dict[str, Any]], options: Sequence[tuple[float, dict[str, float]]]) -> float:
-    """min Σ price·x s.t. Σ x·allocatable ≥ Σ requests per resource, x ≥ 0 (and ≥ one node per anti-affinity pod)."""
+    """min Σ price·x s.t. Σ x·allocatable ≥ Σ requests per resource, x ≥ 0, and as many nodes as the largest group
+    of pods that need a node each (hostname anti-affinity, hostname spread with maxSkew 1)."""
     demand: dict[str, float] = {}
-    anti = 0
+    groups: dict[str, int] = {}
     for pod in pods:
         for k, v in pod_requests(pod).items():
             demand[k] = demand.get(k, 0.0) + v
-        anti += "affinity" in pod["spec"]
+        group = _own_node(pod)
+        if group:
+            groups[group] = groups.get(group, 0) + 1
+    anti = max(groups.values(), default=0)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     inf = highspy.kHighsInf
@@ -144,7 +176,7 @@ def milp_optimum(pods: Sequence[dict[str, Any]], options: Sequence[tuple[float, 
                  time_limit: float = 60.0) -> float:
     """Exact bin packing with heterogeneous bins: y[b] opens bin b, x[i,b] puts pod i in it. Small instances only."""
     requests = [pod_requests(p) for p in pods]
-    anti = ["affinity" in p["spec"] for p in pods]
+    own = [_own_node(p) for p in pods]
     bins = []
     for j, (_, alloc) in enumerate(options):
         fits = [all(alloc.get(k, 0.0) >= v - 1e-9 for k, v in r.items()) for r in requests]
@@ -170,8 +202,8 @@ def milp_optimum(pods: Sequence[dict[str, Any]], options: Sequence[tuple[float, 
             vals = [requests[i][k] for i in range(n) if requests[i].get(k, 0.0) > 0]
             h.addRow(-highspy.kHighsInf, 0.0, len(idx) + 1, np.array([*idx, b], dtype=np.int32),
                      np.array([*vals, -alloc.get(k, 0.0)]))
-        spread = [x0 + i * m + b for i in range(n) if anti[i]]
-        if spread:
+        for group in {g for g in own if g}:  # at most one pod of each such group per node
+            spread = [x0 + i * m + b for i in range(n) if own[i] == group]
             h.addRow(-highspy.kHighsInf, 1.0, len(spread), np.array(spread, dtype=np.int32), np.ones(len(spread)))
     for b in range(1, m):  # symmetry: copies of one type open in order
         if bins[b] == bins[b - 1]:
@@ -204,7 +236,7 @@ def small_instances(seed: int, count: int) -> list[tuple[str, float]]:
     for k in range(count):
         rng = random.Random(seed + k)
         cpu_types = fake_instance_types(12)
-        pods = cpu_pods(10, rng, anti_every=0)
+        pods = cpu_pods(10, rng, diverse=False)
         pools = [_pool("default")]
         result, _ = timed(pools, cpu_types, pods)
         optimum = milp_optimum(pods, _options(pools, cpu_types, CapacityModel()))

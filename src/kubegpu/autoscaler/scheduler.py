@@ -10,7 +10,8 @@ Two things make it fast and cheap: consecutive identical pods are placed as one 
 arithmetic, not a loop of fit checks), and instance-type narrowing is numpy over a types × resources matrix.
 Where Karpenter opens a NodeClaim with every type and ends up on the largest, we cap a new NodeClaim's price at
 the type with the lowest price per pod for the pods waiting in its group, which is what keeps the bill near the
-LP lower bound (see benchmarks/provisioning.py). Pure: no clock, no I/O.
+LP lower bound (see benchmarks/provisioning.py). Pods with topology spread or required pod affinity (topology.py)
+are placed one at a time, since each placement moves the counts the next one is judged by. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
-from kubegpu.autoscaler.requirements import Requirements, pod_requirement_options
+from kubegpu.autoscaler.requirements import Requirement, Requirements, pod_requirement_options
+from kubegpu.autoscaler.topology import PodTopology, TopologyCounts, Verdict, pod_topology
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling import NodeInfo, container_requests, fits, parse_quantity, pod_requests, tolerates
 
@@ -87,6 +89,8 @@ class _Pod:
     tolerations: list[dict[str, Any]]
     anti_key: str | None
     shape: str
+    topo: PodTopology | None = None
+    rule_key: str = ""   # what decides placement besides the requests (pods with topology terms only)
 
 
 def _anti_affinity_key(pod: Mapping[str, Any]) -> str | None:
@@ -123,10 +127,16 @@ def _prepare(pod: dict[str, Any]) -> _Pod:
         options = pod_requirement_options(pod)
         shape = json.dumps([sorted(requests.items()), spec.get("nodeSelector"), spec.get("affinity"), tolerations,
                             anti], sort_keys=True, default=str)
+        topo = pod_topology(pod)
+        rule_key = ""
+        if topo is not None:
+            rule_key = json.dumps([spec.get("nodeSelector"), spec.get("affinity"), tolerations, anti],
+                                  sort_keys=True, default=str) + topo.signature()
+            shape += rule_key
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
         raise ConfigError(f"pod {pod_key(pod)}: spec.affinity / nodeSelector / tolerations: cannot be read "
                           f"({type(exc).__name__}: {exc})") from None
-    return _Pod(pod, requests, options, tolerations, anti, shape)
+    return _Pod(pod, requests, options, tolerations, anti, shape, topo, rule_key)
 
 
 def _reject_negative(pod: dict[str, Any]) -> None:
@@ -288,6 +298,7 @@ class _Claim:
     price_cap: float
     pods: list[dict[str, Any]] = field(default_factory=list)
     anti_keys: set[str] = field(default_factory=set)
+    never: set[str] = field(default_factory=set)   # rule keys of pods this claim can never take (see _try_claim)
     committed: np.ndarray | None = None   # capacity counted against the pool's limits
     index: int = 0
 
@@ -334,14 +345,18 @@ class Scheduler:
         ]
         self.claims: list[_Claim] = []
         self._headroom = np.full((0, len(self.index)), -np.inf)
+        self._pod_counts = np.zeros(0, dtype=np.int64)   # pods per claim, for the fewest-pods-first order
         self._queued = 0
         self._committed: dict[str, np.ndarray] = {}
         self._committed_nodes: dict[str, int] = {}
+        self._topology = TopologyCounts(frozenset())
+        self._pool_zones: dict[str, set[str]] = {}
 
     # -- public ---------------------------------------------------------------------------------------------
     def solve(self, pods: Iterable[dict[str, Any]]) -> SchedulingResult:
         result = SchedulingResult()
         queue = sorted((_prepare(p) for p in pods), key=_queue_order)
+        self._start_topology(queue)
         start = 0
         while start < len(queue):
             end = start + 1
@@ -357,6 +372,9 @@ class Scheduler:
     def _place_group(self, group: list[_Pod], result: SchedulingResult) -> None:
         rep = group[0]
         missing = [name for name in rep.requests if name not in self.index and rep.requests[name] > 0]
+        if rep.topo is not None:
+            self._place_each(group, result, None if missing else self._vector(rep.requests))
+            return
         remaining = list(group)
         remaining = self._onto_existing(remaining, result)
         if not remaining:
@@ -380,6 +398,148 @@ class Scheduler:
                     return
         else:
             self._unschedulable(remaining, result, f"no instance type offers {', '.join(sorted(missing))}")
+
+    # -- topology (spread constraints, pod affinity; see topology.py) ------------------------------------------
+    def _start_topology(self, queue: Sequence[_Pod]) -> None:
+        """Zone domains: those the NodePools can launch in plus those of existing nodes; count existing pods."""
+        self._pool_zones = {tmpl.pool.name: self._template_zones(tmpl) for tmpl in self.templates}
+        zones = {z for found in self._pool_zones.values() for z in found}
+        zones.update(z for z in (_node_zone(info) for info in self.existing) if z)
+        self._topology = TopologyCounts.for_pods(zones, (item.topo for item in queue))
+        for info in self.existing:
+            for pod in info.pods:
+                self._topology.record(pod, _node_zone(info), info.name)
+
+    def _template_zones(self, tmpl: _Template) -> set[str]:
+        allowed = tmpl.requirements.get(L.ZONE_LABEL)
+        return {o.zone for it in tmpl.types for o in it.offerings
+                if o.available and (allowed is None or allowed.has(o.zone))}
+
+    def _zone_pin(self, item: _Pod, reqs: Requirements, tmpl: _Template) -> tuple[Requirements | None, Verdict]:
+        """The zone requirement the pod's topology adds under `reqs` (empty when none), or None and why not."""
+        if item.topo is None or not item.topo.zonal:
+            return Requirements(), Verdict.OK
+        zone, verdict = self._topology.zone_choice(item.topo, self._zones_under(reqs, tmpl), _pod_zones(item))
+        if zone is None:
+            return None, verdict
+        return Requirements([Requirement.of(L.ZONE_LABEL, "In", [zone])]), Verdict.OK
+
+    def _zones_under(self, reqs: Requirements, tmpl: _Template) -> set[str]:
+        allowed = reqs.get(L.ZONE_LABEL)
+        return {z for z in self._pool_zones[tmpl.pool.name] if allowed is None or allowed.has(z)}
+
+    @staticmethod
+    def _claim_host(claim: _Claim) -> str:
+        """The hostname domain of a NodeClaim opened in this pass (existing nodes use their node names)."""
+        return f"new-nodeclaim/{claim.index}"
+
+    def _record_on_claim(self, claim: _Claim, pods: Sequence[_Pod]) -> None:
+        zone = claim.requirements.get(L.ZONE_LABEL)
+        single = next(iter(zone.values)) if zone is not None and not zone.complement and len(zone.values) == 1 \
+            else None
+        for item in pods:
+            self._topology.record(item.pod, single, self._claim_host(claim))
+
+    def _place_each(self, group: list[_Pod], result: SchedulingResult, vec: np.ndarray | None) -> None:
+        """Pods with topology terms go one at a time, as in Karpenter: each placement changes the counts."""
+        pool = self._claim_pool(vec) if vec is not None else []
+        for item in group:
+            if self._onto_existing_one(item, result):
+                continue
+            if vec is None:
+                missing = sorted(n for n, v in item.requests.items() if n not in self.index and v > 0)
+                self._unschedulable([item], result, f"no instance type offers {', '.join(missing)}")
+                continue
+            if self._onto_pool(item, vec, pool):
+                continue
+            claim, why = self._open_claim(item, vec, self._share(item, len(group)))
+            if claim is None:
+                self._unschedulable([item], result, why)
+                continue
+            if self._try_claim(claim, item, vec) is not Verdict.OK:
+                self._unschedulable([item], result, f"nodepool {claim.template.pool.name}: no instance type "
+                                    "satisfies every requirement and topology term for this pod")
+                continue
+            pool.insert(0, claim)
+
+    def _share(self, item: _Pod, waiting: int) -> int:
+        """How many of the waiting identical pods one new NodeClaim can expect (sizes its price cap)."""
+        assert item.topo is not None
+        limit = item.topo.per_host_limit
+        if item.anti_key:
+            return 1
+        if limit is not None:
+            return min(limit, waiting)
+        spread = any(t.max_skew is not None and t.key == L.ZONE_LABEL for t in item.topo.terms)
+        return max(1, math.ceil(waiting / max(len(self._topology.zones), 1))) if spread else waiting
+
+    def _claim_pool(self, vec: np.ndarray) -> list[_Claim]:
+        return [self.claims[i] for i in self._fewest_pods_first(vec)]
+
+    def _fewest_pods_first(self, vec: np.ndarray) -> list[int]:
+        """Indices of the claims whose best headroom fits `vec`, fewest pods first, then in opening order."""
+        count = len(self.claims)
+        possible = np.nonzero((self._headroom[:count] >= vec - EPS).all(axis=1))[0]
+        ordered: list[int] = possible[np.argsort(self._pod_counts[possible], kind="stable")].tolist()
+        return ordered
+
+    def _onto_pool(self, item: _Pod, vec: np.ndarray, pool: list[_Claim]) -> bool:
+        """First claim of `pool` that takes the pod; claims that never will in this group leave the pool."""
+        dropped: set[int] = set()
+        placed = False
+        for claim in pool:
+            verdict = self._try_claim(claim, item, vec)
+            if verdict is Verdict.OK:
+                placed = True
+                break
+            if verdict is Verdict.NEVER:
+                dropped.add(claim.index)
+        if dropped:
+            pool[:] = [c for c in pool if c.index not in dropped]
+        return placed
+
+    def _try_claim(self, claim: _Claim, item: _Pod, vec: np.ndarray) -> Verdict:
+        """Add the pod to the claim if its rules allow; NEVER verdicts that no later placement can undo (taints,
+        requirements, anti-affinity, a node's hostname count) are remembered per claim, so rescans are cheap."""
+        assert item.topo is not None
+        if item.rule_key in claim.never:
+            return Verdict.NEVER
+        if not (self._headroom[claim.index] >= vec - EPS).all():
+            return Verdict.NEVER
+        reqs = self._merged(claim.requirements, item)
+        if ((item.anti_key and item.anti_key in claim.anti_keys) or not self._admits(claim.template, item)
+                or reqs is None
+                or self._topology.host_verdict(item.topo, self._claim_host(claim)) is Verdict.NEVER):
+            claim.never.add(item.rule_key)
+            return Verdict.NEVER
+        pin, verdict = self._zone_pin(item, reqs, claim.template)
+        if pin is None:
+            return verdict
+        if self._add_to_claim(claim, [item], vec, pin):
+            return Verdict.RETRY if len(pin) else Verdict.NEVER
+        return Verdict.OK
+
+    def _onto_existing_one(self, item: _Pod, result: SchedulingResult) -> bool:
+        """The first existing/in-flight node whose hostname and zone counts admit the pod and that fits it."""
+        assert item.topo is not None
+        for info in self.existing:
+            labels = (info.node.get("metadata") or {}).get("labels") or {}
+            if item.anti_key and any(_selector_matches(item.anti_key, (p.get("metadata") or {}).get("labels") or {})
+                                     for p in info.pods):
+                continue
+            if self._topology.host_verdict(item.topo, info.name) is not Verdict.OK:
+                continue
+            zone = labels.get(L.ZONE_LABEL)
+            if item.topo.zonal:
+                chosen, _ = self._topology.zone_choice(item.topo, [zone] if zone else [], _pod_zones(item))
+                if chosen is None:
+                    continue
+            if fits(item.pod, info, item.requests).ok:
+                info.add_pod(item.pod, item.requests)
+                result.existing.setdefault(info.name, []).append(item.pod)
+                self._topology.record(item.pod, zone, info.name)
+                return True
+        return False
 
     def _vector(self, requests: Mapping[str, float]) -> np.ndarray:
         out = np.zeros(len(self.index))
@@ -406,6 +566,7 @@ class Scheduler:
             while placed < len(pods) and fits(pods[placed].pod, info, pods[placed].requests).ok:
                 info.add_pod(pods[placed].pod, pods[placed].requests)
                 result.existing.setdefault(info.name, []).append(pods[placed].pod)
+                self._topology.record(pods[placed].pod, _node_zone(info), info.name)
                 placed += 1
                 if rep.anti_key:
                     break
@@ -417,9 +578,7 @@ class Scheduler:
         if not self.claims:
             return pods
         rep = pods[0]
-        count = len(self.claims)
-        possible = np.nonzero((self._headroom[:count] >= vec - EPS).all(axis=1))[0]
-        for index in sorted(possible.tolist(), key=lambda i: (len(self.claims[i].pods), i)):
+        for index in self._fewest_pods_first(vec):
             claim = self.claims[index]
             if not pods:
                 break
@@ -436,6 +595,9 @@ class Scheduler:
             grown = np.full((max(16, 2 * self._headroom.shape[0]), len(self.index)), -np.inf)
             grown[: self._headroom.shape[0]] = self._headroom
             self._headroom = grown
+            self._pod_counts = np.concatenate([self._pod_counts, np.zeros(grown.shape[0] - self._pod_counts.size,
+                                                                          dtype=np.int64)])
+        self._pod_counts[claim.index] = len(claim.pods)
         if claim.cand.size:
             self._headroom[claim.index] = claim.template.alloc[claim.cand].max(axis=0) - claim.used
         else:
@@ -462,17 +624,20 @@ class Scheduler:
             cand = cand[(tmpl.capacity[cand] <= remaining + EPS).all(axis=1)]
         return cand
 
-    def _add_to_claim(self, claim: _Claim, pods: list[_Pod], vec: np.ndarray) -> list[_Pod]:
+    def _add_to_claim(self, claim: _Claim, pods: list[_Pod], vec: np.ndarray,
+                      pin: Requirements | None = None) -> list[_Pod]:
         rep = pods[0]
         reqs = self._merged(claim.requirements, rep)
         if reqs is None:
             return pods
+        if pin is not None:
+            reqs = reqs.merge(pin)
         cand = self._allowed(claim, reqs)
         if cand.size == 0:
             return pods
         counts = _fit_counts(claim.template.alloc[cand], claim.used, vec)
         take = int(min(counts.max(initial=0), len(pods)))
-        if rep.anti_key:
+        if rep.anti_key or rep.topo is not None:
             take = min(take, 1)
         while take > 0 and not _min_values_ok(claim.template, reqs, cand[counts >= take]):
             take -= 1
@@ -482,6 +647,7 @@ class Scheduler:
         claim.cand = cand[counts >= take]
         claim.requirements = reqs
         claim.pods.extend(p.pod for p in pods[:take])
+        self._record_on_claim(claim, pods[:take])
         if rep.anti_key:
             claim.anti_keys.add(rep.anti_key)
         self._commit(claim)
@@ -511,6 +677,11 @@ class Scheduler:
                 continue
             reqs = self._merged(tmpl.requirements, item)
             assert reqs is not None
+            pin, _ = self._zone_pin(item, reqs, tmpl)
+            if pin is None:
+                reasons.append(f"nodepool {tmpl.pool.name}: topology spread / pod affinity allows no zone")
+                continue
+            reqs = reqs.merge(pin)
             ok, prices = tmpl.type_mask(reqs)
             base = tmpl.daemon
             counts = _fit_counts(tmpl.alloc, base, vec)
@@ -536,7 +707,7 @@ class Scheduler:
             if not _min_values_ok(tmpl, reqs, cand):
                 reasons.append(f"nodepool {tmpl.pool.name}: fewer instance-type options than minValues requires")
                 continue
-            claim = _Claim(tmpl, tmpl.requirements, cand, base.copy(), cap, index=len(self.claims))
+            claim = _Claim(tmpl, tmpl.requirements.merge(pin), cand, base.copy(), cap, index=len(self.claims))
             self.claims.append(claim)
             self._track(claim)
             return claim, ""
@@ -590,3 +761,16 @@ class Scheduler:
             allocatable={names[i]: float(v) for i, v in enumerate(row) if v > 0},
             capacity={names[i]: float(v) for i, v in enumerate(cap_row) if v > 0},
         )
+
+
+def _node_zone(info: NodeInfo) -> str | None:
+    zone = ((info.node.get("metadata") or {}).get("labels") or {}).get(L.ZONE_LABEL)
+    return str(zone) if zone is not None else None
+
+
+def _pod_zones(item: _Pod) -> set[str] | None:
+    """The zones the pod's own node affinity allows (its first option), for the spread minimum; None: all."""
+    zone = item.options[0].get(L.ZONE_LABEL) if item.options else None
+    if zone is None or zone.complement:
+        return None
+    return set(zone.values)
