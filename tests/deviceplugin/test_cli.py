@@ -53,6 +53,27 @@ def test_missing_kubelet_directory_names_the_kubelet_socket(short_tmp: Path) -> 
     assert lines[0].startswith("error: --kubelet-socket") and str(socket.parent) in lines[0]
 
 
+def test_a_relative_device_plugin_dir_serves(short_tmp: Path) -> None:
+    """gRPC reads `unix://plugins/x.sock` as a host name; a relative directory must still work."""
+    import time
+
+    SimulatedBackend.create(short_tmp / "node.json", gpus="1xL4")
+    (short_tmp / "plugins").mkdir()
+    plugin = subprocess.Popen([*CLI, "device-plugin", "--gpu-backend", "sim:node.json", "--kubelet-socket", "",
+                               "--device-plugin-dir", "plugins"], cwd=short_tmp, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not (short_tmp / "plugins" / "nvidia-gpu.sock").exists():
+            assert plugin.poll() is None, plugin.stderr.read() if plugin.stderr else ""
+            time.sleep(0.1)
+        assert (short_tmp / "plugins" / "nvidia-gpu.sock").exists()
+        plugin.send_signal(signal.SIGTERM)
+        assert plugin.wait(timeout=10) == 0
+        assert not (short_tmp / "plugins" / "nvidia-gpu.sock").exists()
+    finally:
+        plugin.kill()
+
+
 def test_fail_on_init_error_without_gpus(short_tmp: Path) -> None:
     missing = f"sim:{short_tmp / 'absent.json'}"
     result = run_cli("device-plugin", "--gpu-backend", missing, "--kubelet-socket", "",

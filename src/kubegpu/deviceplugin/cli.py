@@ -35,8 +35,9 @@ def _kubelet_paths(kubelet_socket: str | None, plugin_dir: Path | None) -> tuple
     if kubelet_socket is None:
         kubelet_socket = os.environ.get("KUBELET_SOCKET", str(DEFAULT_KUBELET_SOCKET))
     raw = kubelet_socket
-    socket = Path(raw.removeprefix("unix://")) if raw else None
-    directory = plugin_dir or (socket.parent if socket is not None else DEFAULT_KUBELET_SOCKET.parent)
+    # absolute, because gRPC reads `unix://relative/x.sock` as a host name
+    socket = Path(raw.removeprefix("unix://")).absolute() if raw else None
+    directory = (plugin_dir or (socket.parent if socket is not None else DEFAULT_KUBELET_SOCKET.parent)).absolute()
     if not directory.is_dir():
         # name the setting the directory came from: our sockets go next to the kubelet's unless told otherwise
         given = f"--kubelet-socket {raw!r}: its directory" if socket and not plugin_dir else "--device-plugin-dir"
