@@ -146,27 +146,40 @@ def _hours(samples: Sequence[Any]) -> list[float]:
     return [s.t / 3600.0 for s in samples]
 
 
-def utilization_figure(results: Sequence[StrategyResult]) -> Figure:
+def _stacked_panels(results: Sequence[StrategyResult], height: float, titles: tuple[str, str],
+                    ylabels: tuple[str, str]) -> tuple[Figure, Any, Any]:
+    """Two time panels sharing the hour axis, one legend of strategies above them; the caller draws the lines."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(11, 6.6), layout="constrained")
+    figure = Figure(figsize=(11, height), layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True)
-    for color, result in zip(PALETTE * 4, results, strict=False):
-        hours = _hours(result.samples)
-        top.plot(hours, [100 * s.allocation for s in result.samples], color=color, lw=2, label=result.strategy)
-        bottom.plot(hours, [100 * s.compute for s in result.samples], color=color, lw=2, label=result.strategy)
-        bottom.plot(hours, [100 * s.memory for s in result.samples], color=color, lw=1, ls=":", alpha=0.8)
-    top.set_ylabel("GPUs allocated (%)")
-    top.set_title("How much of the cluster is handed out…", loc="left", fontsize=11)
-    bottom.set_ylabel("utilisation (%)")
-    bottom.set_title("…and how much of it does work (solid: compute, dotted: memory)", loc="left", fontsize=11)
+    for ax, title, ylabel in zip((top, bottom), titles, ylabels, strict=True):
+        ax.set_title(title, loc="left", fontsize=11)
+        ax.set_ylabel(ylabel)
     bottom.set_xlabel("simulated hour")
+    return figure, top, bottom
+
+
+def _finish_panels(figure: Figure, results: Sequence[StrategyResult], top: Any, bottom: Any) -> Figure:
     for ax in (top, bottom):
         _style(ax)
         ax.set_ylim(bottom=0)
     handles, labels = top.get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside upper center", ncol=min(6, len(results)), frameon=False)
     return figure
+
+
+def utilization_figure(results: Sequence[StrategyResult]) -> Figure:
+    figure, top, bottom = _stacked_panels(
+        results, 6.6,
+        ("How much of the cluster is handed out…", "…and how much of it does work (solid: compute, dotted: memory)"),
+        ("GPUs allocated (%)", "utilisation (%)"))
+    for color, result in zip(PALETTE * 4, results, strict=False):
+        hours = _hours(result.samples)
+        top.plot(hours, [100 * s.allocation for s in result.samples], color=color, lw=2, label=result.strategy)
+        bottom.plot(hours, [100 * s.compute for s in result.samples], color=color, lw=2, label=result.strategy)
+        bottom.plot(hours, [100 * s.memory for s in result.samples], color=color, lw=1, ls=":", alpha=0.8)
+    return _finish_panels(figure, results, top, bottom)
 
 
 def pending_figure(results: Sequence[StrategyResult]) -> Figure:
@@ -189,25 +202,13 @@ def pending_figure(results: Sequence[StrategyResult]) -> Figure:
 
 def capacity_figure(results: Sequence[StrategyResult]) -> Figure:
     """Nodes and money over the day: flat for a fixed cluster, the autoscaler's launches and consolidations."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(11, 5.2), layout="constrained")
-    top, bottom = figure.subplots(2, 1, sharex=True)
+    figure, top, bottom = _stacked_panels(results, 5.2, ("Nodes in the cluster", "Money spent so far"),
+                                          ("nodes", "dollars"))
     for color, result in zip(PALETTE * 4, results, strict=False):
         hours = _hours(result.samples)
         top.step(hours, [s.nodes for s in result.samples], where="post", color=color, lw=2, label=result.strategy)
         bottom.plot(hours, [s.cost for s in result.samples], color=color, lw=2, label=result.strategy)
-    top.set_ylabel("nodes")
-    top.set_title("Nodes in the cluster", loc="left", fontsize=11)
-    bottom.set_ylabel("dollars")
-    bottom.set_title("Money spent so far", loc="left", fontsize=11)
-    bottom.set_xlabel("simulated hour")
-    for ax in (top, bottom):
-        _style(ax)
-        ax.set_ylim(bottom=0)
-    handles, labels = top.get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside upper center", ncol=min(6, len(results)), frameon=False)
-    return figure
+    return _finish_panels(figure, results, top, bottom)
 
 
 def bars_figure(results: Sequence[StrategyResult]) -> Figure:
