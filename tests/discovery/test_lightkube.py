@@ -26,7 +26,7 @@ def test_discovery_node_sink_over_lightkube(apiserver: Any) -> None:
 
 
 def test_discover_command_labels_the_node_with_a_kubeconfig(apiserver: Any, tmp_path: Path) -> None:
-    from tests.migmanager.kubeconfig import write_kubeconfig
+    from tests.fakes.apiserver import write_kubeconfig
 
     cluster = apiserver.cluster()
     node = f"gfdcli-{uuid.uuid4().hex[:8]}"

@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kmock
+import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
@@ -108,3 +110,15 @@ async def _serve(host: str, loop: asyncio.AbstractEventLoop, state: dict[str, An
         state.update(url=f"http://{host}:{server.port}", emulator=emulator, loop=loop, stop=stop)
         ready.set()
         await stop
+
+
+def write_kubeconfig(directory: Path, url: str) -> Path:
+    """A kubeconfig file for the emulated API server, so CLI commands (which build their own client) reach it."""
+    path = directory / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "emulated", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "kubegpu-test"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "emulated", "user": "tester"}}],
+    }))
+    return path

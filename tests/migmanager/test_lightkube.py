@@ -15,8 +15,7 @@ from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.migmanager.manager import MIG_CONFIG_LABEL, MIG_STATE_LABEL, PAUSED, MigManager
 from kubegpu.migmanager.parted import assert_mismatches, read_state
-
-from .kubeconfig import write_kubeconfig
+from tests.fakes.apiserver import write_kubeconfig
 
 DEPLOY = {"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm-exporter": PAUSED,
           "nvidia.com/gpu.deploy.dcgm": "false"}

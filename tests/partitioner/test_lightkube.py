@@ -7,26 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from kubegpu.cli import app
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.partitioner import annotations as ann
+from tests.fakes.apiserver import write_kubeconfig
 
 pytestmark = pytest.mark.integration
-
-
-def write_kubeconfig(directory: Path, url: str) -> Path:
-    path = directory / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "emulated", "cluster": {"server": url}}],
-        "users": [{"name": "tester", "user": {"token": "kubegpu-test"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "emulated", "user": "tester"}}],
-    }))
-    return path
 
 
 def test_agent_and_partitioner_commands_recut_a_node(apiserver: Any, tmp_path: Path) -> None:
