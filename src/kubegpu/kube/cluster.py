@@ -26,6 +26,8 @@ class WatchEvent:
 
 
 class Cluster(Protocol):
+    """What controllers need from the API. `MemoryCluster` and `LightkubeCluster` subclass it to share `list`."""
+
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]: ...
 
     def list(
@@ -34,7 +36,8 @@ class Cluster(Protocol):
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> builtins.list[dict[str, Any]]: ...
+    ) -> builtins.list[dict[str, Any]]:
+        return self.list_with_version(kind, namespace, label_selector, field_selector)[0]
 
     def list_with_version(
         self,

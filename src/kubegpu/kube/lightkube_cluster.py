@@ -36,7 +36,7 @@ from lightkube.types import PatchType
 
 from kubegpu.clock import Clock, RealClock
 from kubegpu.errors import KubegpuError
-from kubegpu.kube.cluster import PATCH_TYPES, WatchEvent
+from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent
 from kubegpu.kube.errors import ApiError, BadRequest, Invalid, NotFound, error_for
 from kubegpu.kube.resources import ResourceKind, resource_kind
 from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
@@ -49,7 +49,7 @@ _TYPED: dict[str, Any] = {
 _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": PatchType.STRATEGIC}
 
 
-class LightkubeCluster:
+class LightkubeCluster(Cluster):
     """Cluster over lightkube; ``client=None`` reads in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
 
     def __init__(self, client: lightkube.Client | None = None, clock: Clock | None = None) -> None:
@@ -70,15 +70,6 @@ class LightkubeCluster:
         spec, resource = _resource(kind)
         with _api_errors(f"get {kind} {name}", self.client):
             return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
-
-    def list(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> builtins.list[dict[str, Any]]:
-        return self.list_with_version(kind, namespace, label_selector, field_selector)[0]
 
     def list_with_version(
         self,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.clock import Clock, RealClock
-from kubegpu.kube.cluster import PATCH_TYPES, WatchEvent, format_timestamp
+from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent, format_timestamp
 from kubegpu.kube.errors import ApiError, BadRequest, Conflict, Gone, Invalid, NotFound
 from kubegpu.kube.patching import clone, json_patch, merge_patch, strategic_merge_patch
 from kubegpu.kube.resources import ResourceKind, resource_kind
@@ -67,7 +67,7 @@ class _Filter:
         return self.labels.matches(metadata.get("labels")) and self.fields.matches(obj)
 
 
-class MemoryCluster:
+class MemoryCluster(Cluster):
     """The Cluster interface over an in-memory store (see the module docstring).
 
     ``history_limit``: how many recent changes watches can resume from (older resourceVersions get 410 Gone), the
@@ -101,15 +101,6 @@ class MemoryCluster:
             if found is None:
                 raise NotFound(f"{kind} {_describe(key)} not found")
             return clone(found)
-
-    def list(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> builtins.list[dict[str, Any]]:
-        return self.list_with_version(kind, namespace, label_selector, field_selector)[0]
 
     def list_with_version(
         self,
