@@ -65,6 +65,20 @@ def test_a_busy_gpu_is_recut_around_its_running_pod() -> None:
     assert first.jct_p50_s == pytest.approx(first.pending_p95_s + 1800.0 / mig_speed(0.3, 14, 108))
 
 
+def test_dynamic_mps_reslices_a_busy_gpu_around_its_running_pod() -> None:
+    first = replace(job("first", 8), klass="first")
+    jobs = [first, replace(job("later", 20, arrival=600.0), klass="later")]
+    strategy = DynamicMps("dyn")
+    result = Simulation(scenario(gpus=1), strategy, jobs).run(None)
+    alone = Simulation(scenario(gpus=1), DynamicMps("dyn"), [first]).run(None)
+    # a 20 GB slice is added beside the held 10 GB one: the later pod waits for a batch window and the change, not
+    # for the first pod to finish, and the first pod keeps its slice and runs as if it were alone
+    assert result.pods_completed == 2 and result.evictions == 0
+    assert strategy.recuts == 2 and strategy.refused == 0
+    assert result.classes["later"].pending_p95_s <= 60 + strategy.delay + 10
+    assert result.classes["first"].jct_p50_s == pytest.approx(alone.classes["first"].jct_p50_s)
+
+
 def test_a_plan_that_changed_nothing_is_not_repeated_for_the_same_input() -> None:
     wide = replace(job("wide", 70), gpus=2)  # two 7g.80gb on one node: the 1-GPU node can never hold it
     strategy = DynamicMig("dyn")

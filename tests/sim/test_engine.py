@@ -338,8 +338,83 @@ class Resharer(BaseStrategy):
 def test_a_controller_cuts_mps_slices_after_a_delay() -> None:
     strategy = Resharer()
     simulate(strategy, [], gpus=2, duration="2m")
-    assert strategy.views[0] == {"nvidia.com/gpu": 1}  # GPU 1 drained while the change is applied
+    # GPU 1 is handed out as slices only; the new slices are advertised once the change is applied
+    assert strategy.views[0] == {"nvidia.com/gpu": 1, "nvidia.com/gpu-20gb": 0, "nvidia.com/gpu-40gb": 0}
     assert strategy.views[2] == {"nvidia.com/gpu": 1, "nvidia.com/gpu-20gb": 1, "nvidia.com/gpu-40gb": 1}
+
+
+class Reslicer(BaseStrategy):
+    """A controller: GPU 0 starts as MPS slices of 10 and 20 GiB, the pod runs on the 10; at 600 s it sets
+    `new_slices` (after 100 s), or nothing when that is None."""
+
+    tick_interval = 50.0
+
+    def __init__(self, new_slices: list[int] | None) -> None:
+        super().__init__("reslicer")
+        self.new_slices = new_slices
+        self.views: dict[float, NodeView] = {}
+        self.refused: list[str] = []
+
+    def node_setup(self, group: Any, model: Any, gpus: Any) -> NodeSetup:
+        return NodeSetup(device_plugin_config={"version": "v1"}, mps_slices={0: [10, 20]})
+
+    def request_for(self, job: Job, models: Any) -> GpuRequest:
+        return GpuRequest("nvidia.com/gpu-10gb", job.gpus)
+
+    def on_tick(self, sim: SimControl) -> None:
+        now = sim.clock.now()
+        view = self.views[now] = sim.nodes()[0]
+        if now != 600.0 or self.new_slices is None:
+            return
+        try:
+            sim.set_sharing(view.name, {"version": "v1"}, mps_slices={0: self.new_slices}, delay=100.0)
+        except InstanceInUseError as exc:
+            self.refused.append(str(exc))
+
+
+def test_a_running_pod_keeps_its_mps_slice_when_free_slices_are_replaced_beside_it() -> None:
+    strategy = Reslicer([10, 30])
+    result = simulate(strategy, [job("small-1", memory=8.0, compute=1.0)])
+    untouched = simulate(Reslicer(None), [job("small-1", memory=8.0, compute=1.0)])
+    before, during, after = strategy.views[550.0], strategy.views[650.0], strategy.views[750.0]
+    assert len(before.held_mps) == 1 and before.held_mps == during.held_mps == after.held_mps  # same device ID
+    assert next(iter(before.held_mps)).endswith("::mps-10gb-0")
+    assert before.allocatable == {"nvidia.com/gpu-10gb": 1, "nvidia.com/gpu-20gb": 1}
+    assert during.allocatable == {"nvidia.com/gpu-10gb": 1, "nvidia.com/gpu-30gb": 0}  # the 20 went, the 30 comes
+    assert during.reconfiguring == frozenset({0}) and during.busy_gpus == frozenset({0})
+    assert after.allocatable == {"nvidia.com/gpu-10gb": 1, "nvidia.com/gpu-30gb": 1}
+    assert after.reconfiguring == frozenset()
+    assert strategy.refused == [] and result.evictions == 0 and result.pods_completed == 1
+    assert result.jct_p50_s == pytest.approx(untouched.jct_p50_s)  # as if nothing had happened
+
+
+def test_an_mps_change_that_would_drop_a_held_slice_is_refused_and_changes_nothing() -> None:
+    strategy = Reslicer([20, 30])
+    result = simulate(strategy, [job("small-1", memory=8.0, compute=1.0)])
+    assert len(strategy.refused) == 1
+    assert strategy.refused[0].startswith("node g-0: GPU 0: the new MPS slices would drop device(s) in use by "
+                                          "running pods: GPU-")
+    assert strategy.refused[0].endswith("::mps-10gb-0") and "\n" not in strategy.refused[0]
+    assert strategy.views[650.0].allocatable == strategy.views[550.0].allocatable
+    assert strategy.views[650.0].reconfiguring == frozenset()
+    assert result.evictions == 0 and result.pods_completed == 1
+
+
+def test_slicing_a_gpu_a_pod_holds_whole_is_refused() -> None:
+    refused: list[str] = []
+
+    class WholeSlicer(BaseStrategy):
+        tick_interval = 600.0
+
+        def on_tick(self, sim: SimControl) -> None:
+            try:
+                sim.set_sharing(sim.nodes()[0].name, {"version": "v1"}, mps_slices={0: [10]}, delay=100.0)
+            except InstanceInUseError as exc:
+                refused.append(str(exc))
+
+    result = simulate(WholeSlicer("whole-slicer"), [job("a-1", runtime=1000.0)], duration="11m")
+    assert len(refused) == 1 and "would drop device(s) in use by running pods: GPU-" in refused[0]
+    assert result.evictions == 0
 
 
 class Shrinker(BaseStrategy):

@@ -11,8 +11,10 @@ MPS (a file write and a re-list).
 MIG changes are applied as the agent applies them: the strategy marks the instances running pods hold as used
 (from the engine's real allocations, `NodeView.held_mig`), the planner keeps them where they are, and the engine
 keeps them across the change while it creates and destroys only free instances — so busy GPUs are re-cut around
-their pods, never evicting one. MPS changes drain the GPUs they touch in the simulator, so `dynamic-mps` re-slices
-idle GPUs only (busy ones are frozen; their free slices still serve pods).
+their pods, never evicting one. MPS changes likewise: slices running pods hold are marked used (`NodeView.held_mps`),
+the planner keeps them, and the engine keeps their device IDs while it rewrites the free slices — so busy GPUs are
+re-sliced too. A plan that keeps a held slice's size but not its device ID (a free slice of the same size before it
+dropped) is refused by the engine and planned again later.
 
 Speed: a window that closes with the same input as the last plan that changed nothing (same pending pods, same
 instances or slices, same used flags) is not planned again — the planner is deterministic, so the answer would be
@@ -26,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kubegpu.deviceplugin.resources import strip_replica
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.backend import GpuDevice
 from kubegpu.gpu.catalog import GpuModel
@@ -40,6 +43,7 @@ from kubegpu.partitioner.planner import (
     pod_key,
 )
 from kubegpu.scheduling import pod_requests
+from kubegpu.sim.engine import InstanceInUseError
 from kubegpu.sim.scenario import NodeGroup
 from kubegpu.sim.strategies import (
     BaseStrategy,
@@ -101,7 +105,8 @@ class _Dynamic(BaseStrategy):
             node_plan = result.nodes[node.name]
             if not node_plan.changed:
                 continue
-            self.apply(sim, node, node_plan.gpus)
+            if not self.apply(sim, node, node_plan.gpus):
+                continue
             self.recuts += sum(1 for g in node_plan.gpus if g.changed)
             self.in_flight[node.name] = now + self.delay
             for key, where in result.assignments.items():
@@ -111,7 +116,8 @@ class _Dynamic(BaseStrategy):
     def node_input(self, view: NodeView) -> NodeInput | None:
         raise NotImplementedError
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
+        """Apply a node's plan; False when the engine refused it (nothing changed)."""
         raise NotImplementedError
 
 
@@ -159,9 +165,10 @@ class DynamicMig(_Dynamic):
             gpus.append(GpuInput(gpu.index, view.model.key, view.model, instances))
         return NodeInput(view.name, "mig", _node_obj(view), tuple(gpus))
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
         sim.set_mig_layout(node.name, {g.index: list(g.instances) for g in gpus if g.changed},
                            delay=MIG_RECONFIGURE_DELAY_S)
+        return True
 
 
 class DynamicMps(_Dynamic):
@@ -173,6 +180,7 @@ class DynamicMps(_Dynamic):
         super().__init__(name, skip_futile_plans=skip_futile_plans)
         self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the strategy sets them)
         self.largest_gb = 0
+        self.refused = 0  # plans the engine refused: they would have renumbered a slice a running pod holds
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
         self.largest_gb = max(self.largest_gb, model.memory_mib // 1024)
@@ -185,26 +193,34 @@ class DynamicMps(_Dynamic):
         return GpuRequest(f"nvidia.com/gpu-{size}gb", job.gpus)
 
     def node_input(self, view: NodeView) -> NodeInput | None:
+        """Every slice as the agent reports it, marked used when a running pod holds its device (the engine's real
+        allocations, `NodeView.held_mps`). Busy GPUs are not frozen: the planner keeps used slices and may rewrite
+        the free ones, which the engine applies without touching the running pods."""
         current = self.slices.setdefault(view.name, {})
-        used_left = Counter({r: view.allocatable.get(r, 0) - view.free.get(r, 0) for r in view.allocatable})
         gpus = []
         for gpu in view.gpus:
+            held = {device_id.rsplit("::", 1)[-1] for device_id in view.held_mps
+                    if strip_replica(device_id) in (gpu.uuid, str(gpu.index))}
+            counters: Counter[int] = Counter()
             slices = []
             for gb in current.get(gpu.index, []):
-                resource = f"nvidia.com/gpu-{gb}gb"
-                used = gpu.index in view.busy_gpus and used_left[resource] > 0
-                if used:
-                    used_left[resource] -= 1
-                slices.append(MpsSlice(gb, used))
-            gpus.append(GpuInput(gpu.index, view.model.key, view.model, slices=tuple(slices),
-                                 frozen=gpu.index in view.busy_gpus))
+                slices.append(MpsSlice(gb, f"mps-{gb}gb-{counters[gb]}" in held))
+                counters[gb] += 1
+            gpus.append(GpuInput(gpu.index, view.model.key, view.model, slices=tuple(slices)))
         return NodeInput(view.name, "mps", _node_obj(view), tuple(gpus))
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> None:
+    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
+        """Hand the new slices to the engine; a plan that would renumber a held slice's device is refused there
+        (`InstanceInUseError`) and dropped here, to be planned again once the pod is gone."""
         current = self.slices.setdefault(node.name, {})
-        for gpu in gpus:
-            current[gpu.index] = list(gpu.slices)
-        sim.set_sharing(node.name, {"version": "v1"}, mps_slices=dict(current), delay=MPS_RECONFIGURE_DELAY_S)
+        wanted = {**current, **{gpu.index: list(gpu.slices) for gpu in gpus}}
+        try:
+            sim.set_sharing(node.name, {"version": "v1"}, mps_slices=wanted, delay=MPS_RECONFIGURE_DELAY_S)
+        except InstanceInUseError:
+            self.refused += 1
+            return False
+        self.slices[node.name] = wanted
+        return True
 
 
 def _no_argument(name: str, argument: str | None) -> None:

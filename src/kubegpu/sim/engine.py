@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubegpu.clock import VirtualClock
-from kubegpu.deviceplugin.resources import AnnotatedDevice, allocatable, config_dict, devices_by_resource, sharing_spec
+from kubegpu.deviceplugin.resources import (
+    REPLICA_SEPARATOR,
+    AnnotatedDevice,
+    allocatable,
+    config_dict,
+    devices_by_resource,
+    sharing_spec,
+    strip_replica,
+)
 from kubegpu.discovery.labels import compute_labels
 from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
 from kubegpu.gpu.backend import GpuDevice, MigDevice
@@ -123,6 +131,7 @@ class SimNode:
     running: list[Attempt] = field(default_factory=list)
     reconfiguring: set[int] = field(default_factory=set)  # GPUs out of allocatable until a change is applied
     mig_pending: dict[int, list[PlacedInstance]] = field(default_factory=dict)  # instances being created
+    mps_pending: dict[int, set[str]] = field(default_factory=dict)  # new MPS slice device IDs not yet usable
     ready: bool = False
     added_at: float = 0.0
     rejects_multiple_shared: bool = False  # the plugin's failRequestsGreaterThanOne (MPS default)
@@ -282,11 +291,14 @@ class Simulation:
         gpus = [gpu for gpu in node.gpus if gpu.index not in node.reconfiguring]
         mig = {index: devices for index, devices in node.mig.items() if index not in node.reconfiguring}
         slices = {i: s for i, s in node.mps_slices.items() if i not in node.reconfiguring}
+        pending = {device_id for ids in node.mps_pending.values() for device_id in ids}  # new slices, not yet up
         try:
             by_resource = devices_by_resource(gpus, mig, node.config, slices)
-            counts = allocatable(gpus, mig, node.config, slices)
+            counts = allocatable(gpus, mig, node.config, slices, unhealthy=pending)
         except ConfigError as exc:
             raise ConfigError(f"strategy {self.strategy.name}: node {node.name}: {exc}") from None
+        if pending:
+            by_resource = {name: [d for d in devices if d.id not in pending] for name, devices in by_resource.items()}
         node.rejects_multiple_shared = sharing_spec(config_dict(node.config)).fail_requests_greater_than_one
         held = {device.id for run in node.running for device in run.devices}
         old_resources = set(node.allocatable)
@@ -583,14 +595,17 @@ class Simulation:
         self, node: str, device_plugin_config: Any, mps_slices: Mapping[int, Sequence[int]] | None = None,
         delay: float | None = None,
     ) -> None:
-        """New device-plugin config and/or MPS slices. The GPUs it changes (all of them for a new config) are
-        drained and leave allocatable until the change is applied after `delay` seconds (default: at once)."""
+        """New device-plugin config and/or MPS slices. A new config drains every GPU, which leaves allocatable
+        until it is applied after `delay` seconds (default: at once). A change of MPS slices alone is applied the
+        way the partition agent does it: slices running pods hold stay (same device IDs), free ones are rewritten,
+        and only the new slices wait for `delay`; nothing is evicted. Refused (`InstanceInUseError`, nothing
+        changes) when it would drop a held slice or touch a GPU whose slices are still being changed."""
         target = self._node(node)
         slices = {int(i): list(s) for i, s in (mps_slices or {}).items()}
-        if config_dict(device_plugin_config) != config_dict(target.config):
-            changed = {gpu.index for gpu in target.gpus}
-        else:
-            changed = {i for i in set(slices) | set(target.mps_slices) if slices.get(i) != target.mps_slices.get(i)}
+        if config_dict(device_plugin_config) == config_dict(target.config):
+            self._change_mps_slices(target, slices, delay)
+            return
+        changed = {gpu.index for gpu in target.gpus}
         self._evict(target, lambda run: any(part.gpu_index in changed for part in run.parts))
 
         def apply() -> None:
@@ -605,6 +620,53 @@ class Simulation:
             self._push(self.clock.now() + delay, _NODE, apply)
         else:
             apply()
+
+    def _change_mps_slices(self, node: SimNode, slices: dict[int, list[int]], delay: float | None) -> None:
+        """Rewrite the free MPS slices of the GPUs whose slices change; held ones keep their device IDs."""
+        changed = sorted(i for i in set(slices) | set(node.mps_slices) if slices.get(i) != node.mps_slices.get(i))
+        if not changed:
+            return
+        old_ids = self._device_ids(node, node.mps_slices)
+        new_ids = self._device_ids(node, slices)
+        for index in changed:
+            where = f"node {node.name}: GPU {index}"
+            if index in node.mps_pending or index in node.reconfiguring:
+                raise InstanceInUseError(f"{where}: still being reconfigured; change it once its slices are in place")
+            held = {d.id for run in node.running for d in run.devices if d.gpu_index == index}
+            dropped = sorted(held - new_ids)
+            if dropped:
+                raise InstanceInUseError(f"{where}: the new MPS slices would drop device(s) in use by running pods: "
+                                         f"{', '.join(dropped)}")
+        added = {device_id for device_id in new_ids - old_ids if _MPS_SLICE in device_id}
+        node.mps_slices = slices
+        waiting = {i: {d for d in added if self._gpu_of(node, d) == i} for i in changed} if delay else {}
+        waiting = {i: ids for i, ids in waiting.items() if ids}
+        node.mps_pending.update(waiting)
+        self._rebuild_devices(node)
+        if waiting:
+            self._push(self.clock.now() + (delay or 0.0), _NODE, lambda: self._finish_mps_changes(node, set(waiting)))
+
+    @staticmethod
+    def _device_ids(node: SimNode, slices: Mapping[int, Sequence[int]]) -> set[str]:
+        """Every device ID the resource accounting gives the node with these MPS slices."""
+        try:
+            by_resource = devices_by_resource(node.gpus, node.mig, node.config, slices)
+        except ConfigError as exc:
+            raise ConfigError(f"node {node.name}: {exc}") from None
+        return {d.id for devices in by_resource.values() for d in devices}
+
+    @staticmethod
+    def _gpu_of(node: SimNode, device_id: str) -> int:
+        uuid = strip_replica(device_id)
+        return next(gpu.index for gpu in node.gpus if gpu.uuid == uuid or str(gpu.index) == uuid)
+
+    def _finish_mps_changes(self, node: SimNode, gpus: set[int]) -> None:
+        """The reconfiguration delay is over: the new slices are advertised beside the kept ones."""
+        if self._nodes.get(node.name) is not node:  # removed meanwhile
+            return
+        for index in gpus:
+            node.mps_pending.pop(index, None)
+        self._rebuild_devices(node)
 
     def add_node(self, group: str, delay: float | None = None) -> str:
         spec = next((g for g in self.node_groups if g.name == group), None)
@@ -729,14 +791,19 @@ def _pick_devices(node: SimNode, request: GpuRequest) -> list[AnnotatedDevice]:
     return list(chosen)
 
 
+_MPS_SLICE = f"{REPLICA_SEPARATOR}mps-"  # in the device ID of every MPS memory slice
+
+
 def _view(node: SimNode) -> NodeView:
     busy = frozenset(part.gpu_index for run in node.running for part in run.parts)
     held_mig = frozenset(d.mig.uuid for run in node.running for d in run.devices if d.mig is not None)
+    held_mps = frozenset(d.id for run in node.running for d in run.devices if _MPS_SLICE in d.id)
     return NodeView(
         name=node.name, group=node.group.name, model=node.model, gpus=tuple(node.gpus),
         mig={i: tuple(d) for i, d in node.mig.items()}, allocatable=dict(node.allocatable),
         free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=busy,
-        reconfiguring=frozenset(node.reconfiguring | set(node.mig_pending)), ready=node.ready, held_mig=held_mig,
+        reconfiguring=frozenset(node.reconfiguring | set(node.mig_pending) | set(node.mps_pending)), ready=node.ready,
+        held_mig=held_mig, held_mps=held_mps,
     )
 
 

@@ -36,7 +36,10 @@ What a controller may do, through `SimControl` (implemented by the engine):
   delay. Nothing is ever evicted: a change that would destroy an instance (or, for a MIG mode change, a GPU) a
   running pod uses, or that touches a GPU still being reconfigured, raises
   ``kubegpu.sim.engine.InstanceInUseError`` and changes nothing (``NodeView.held_mig`` tells what is in use);
-- change a node's device-plugin config (time-slicing, MPS) and MPS memory slices: ``sim.set_sharing(...)``;
+- change a node's device-plugin config (time-slicing, MPS) and MPS memory slices: ``sim.set_sharing(...)``; a new
+  config drains every GPU; a change of slices alone keeps the slices running pods hold (same device IDs, see
+  ``NodeView.held_mps``), rewrites the free ones and holds back only the new ones for the delay; dropping a held
+  slice raises ``InstanceInUseError`` and changes nothing;
 - add a node of a group (ready after a provisioning delay) or remove one (its pods are evicted and requeued):
   ``sim.add_node(group)``, ``sim.remove_node(name)``. Cost is counted from request to removal.
 """
@@ -100,6 +103,7 @@ class NodeView:
     reconfiguring: frozenset[int]  # GPU indexes waiting for a MIG or sharing change to be applied
     ready: bool
     held_mig: frozenset[str] = frozenset()  # UUIDs of the MIG devices running pods hold (what the kubelet reports)
+    held_mps: frozenset[str] = frozenset()  # device IDs of the MPS slices running pods hold
 
 
 class SimControl(Protocol):
