@@ -21,7 +21,7 @@ from kubegpu.config.migparted import parse_mig_parted_config
 from kubegpu.gpu.catalog import CATALOG, GpuModel
 from kubegpu.gpu.geometry import feasible_multisets
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.migmanager.parted import execute, plan_apply, read_state
+from kubegpu.sharing.migapply import execute, plan_apply, read_state
 
 
 def config_for(model: GpuModel, layout: tuple[int, ...]) -> object:

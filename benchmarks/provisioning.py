@@ -1,6 +1,6 @@
 """Provisioning benchmark: Karpenter's scheduling-benchmark shape, plus a GPU variant.
 
-    python benchmarks/provisioning.py [--quick] [--sizes 1000,5000,20000] [--seed 42]
+    python benchmarks/provisioning.py [--quick] [--sizes 1000,5000,20000] [--seed 42] [--aws]
 
 CPU variant (reference §A.8): one NodePool, Karpenter's 400 fake instance types (`fake.InstanceTypes(400)`),
 pods with CPU from {100, 250, 500, 1000, 1500}m and memory from {100, 256, 512, 1024, 2048, 4096}Mi, Karpenter's
@@ -255,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
     parser.add_argument("--sizes", default=None, help="comma-separated pod counts")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--aws", action="store_true",
+                        help="also run the GPU variant on instance types discovered from moto's local EC2 "
+                             "(benchmarks/provisioning_aws.py; needs kubegpu[aws] and moto[server])")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
         [200, 1000] if args.quick else [1000, 5000, 20000])
@@ -277,6 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ", ".join(f"{label} {ratio:.3f}" for label, ratio in ratios))
     worst = max(r for _, r in ratios)
     print(f"worst {worst:.3f} ({'within' if worst <= 1.05 + 1e-9 else 'NOT within'} 5% of the optimum)")
+    if args.aws:
+        from benchmarks.provisioning_aws import main as aws_main
+
+        print("\n-- instance types discovered from a local AWS endpoint (moto)")
+        forwarded = ["--seed", str(args.seed)] + (["--quick"] if args.quick else []) + (
+            ["--sizes", args.sizes] if args.sizes else [])
+        return aws_main(forwarded)
     return 0
 
 

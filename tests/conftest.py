@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
+    from kubegpu.testing.session import RealCluster
     from tests.fakes.apiserver import ApiServer
 
 
@@ -22,3 +27,78 @@ def apiserver() -> Iterator[ApiServer]:
     server = start_apiserver()
     yield server
     server.stop()
+
+
+# ---------------------------------------------------------------- the real control plane (docs/testing.md)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: pytest then runs fixture teardown (and atexit hooks run), so no control plane outlives it."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _control_plane_unavailable(reason: str) -> None:
+    """Skip locally; in CI (CI=true) `.ci/run` built the binaries, so their absence fails the run."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"real control plane unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"real control plane unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def k8s_binaries() -> Path:
+    """The directory of the real control plane's binaries; skips (fails when CI=true) when they are not built."""
+    from kubegpu.errors import KubegpuError
+    from kubegpu.testing import k8sbuild
+
+    try:
+        missing = k8sbuild.missing_binaries()
+    except KubegpuError as exc:
+        _control_plane_unavailable(str(exc))
+    if missing:
+        _control_plane_unavailable(f"{k8sbuild.bin_dir()}: missing {', '.join(missing)} "
+                                   "(run `scripts/control-plane.sh build`)")
+    return k8sbuild.bin_dir()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(k8s_binaries: Path, request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    """A real kube-apiserver + etcd + kube-controller-manager + kube-scheduler + kwok on 127.0.0.1, one per session,
+    with one kwok GPU node (8xA100-SXM4-80GB). ``real_cluster.cluster()`` gives a LightkubeCluster (admin);
+    ``real_cluster.kubeconfig`` the admin kubeconfig. Tests using it are marked ``apiserver`` automatically.
+
+    Its directory (component logs in ``logs/``) is removed afterwards unless a test failed; it is not under pytest's
+    basetemp, which a concurrent pytest run on the same machine may prune."""
+    import shutil
+    import tempfile
+
+    from kubegpu.testing import controlplane
+    from kubegpu.testing.session import RealCluster
+
+    directory = Path(tempfile.mkdtemp(prefix="kubegpu-control-plane-"))
+    atexit.register(controlplane.down, directory)  # even if pytest is interrupted before fixture teardown
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # `timeout`, CI cancellation: tear down too
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        plane = controlplane.up(directory, nodes=1, bins=k8s_binaries)
+        yield RealCluster(plane)
+    finally:
+        controlplane.down(directory)
+        if request.session.testsfailed:
+            print(f"\nreal control plane logs kept in {directory / 'logs'}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace on the real control plane for one test (its default ServiceAccount exists), deleted after."""
+    name = real_cluster.create_namespace(request.node.name)
+    yield name
+    real_cluster.delete_namespace(name)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the real control plane carries the `apiserver` marker (select with -m apiserver)."""
+    for item in items:
+        if {"real_cluster", "k8s_binaries"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.apiserver)

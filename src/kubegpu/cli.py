@@ -26,6 +26,9 @@ COMPONENT_CLIS = (
     "kubegpu.partitioner.cli",
     "kubegpu.autoscaler.cli",
     "kubegpu.exporter.cli",
+    "kubegpu.operator.cli",
+    "kubegpu.validate.cli",
+    "kubegpu.dra.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -63,6 +66,10 @@ COMMAND_COMPONENTS = {
     "provision": "kubegpu.autoscaler.cli",
     "autoscaler": "kubegpu.autoscaler.cli",
     "exporter": "kubegpu.exporter.cli",
+    "operator": "kubegpu.operator.cli",
+    "validate": "kubegpu.validate.cli",
+    "dra": "kubegpu.dra.cli",
+    "dra-driver": "kubegpu.dra.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
 needs them all."""

@@ -1,19 +1,25 @@
-"""kubegpu's own component metrics, under `kubegpu_`, in one place so names never drift between the code, the
-Grafana dashboard (`deploy/grafana/kubegpu-dashboard.json`) and the docs.
+"""Every component metric kubegpu defines (the exporter's DCGM fields aside), and the one way to serve them.
 
-The autoscaler keeps its own (Karpenter's `karpenter_*` names plus `kubegpu_autoscaler_decisions_total`) in
-`kubegpu.autoscaler.metrics`. Each component builds its metrics on a registry it is handed (tests use a fresh one;
-processes use the default), and serves them with `serve_metrics`.
+In one place so names never drift between the code, the Grafana dashboard (`deploy/grafana/kubegpu-dashboard.json`)
+and the docs: the partitioner's `kubegpu_partitioner_*`, the autoscaler's Karpenter names (`karpenter_*`, so existing
+dashboards and alerts keep working) plus `kubegpu_autoscaler_decisions_total`, the device plugin's
+`kubegpu_device_plugin_device_healthy`, and the operator's and validator's GPU Operator names (`gpu_operator_*`).
+Each component builds its metrics on a registry it is handed (tests and the simulator use a fresh one, so many
+instances run side by side; processes use the default) and serves it with `serve_metrics` behind the one
+`--metrics-address` flag.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, Counter, Gauge, disable_created_metrics, start_http_server
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from kubegpu.errors import ConfigError
+from kubegpu.httpserver import parse_listen_address, serve_wsgi
 
 # DCGM-style output has no `*_created` series, and neither do we.
 disable_created_metrics()
@@ -45,13 +51,165 @@ class PartitionerMetrics:
         )
 
 
-def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--metrics-address: expected HOST:PORT such as ':8080', got {address!r}")
+# ---------------------------------------------------------------------------------------------- autoscaler
+
+SCHEDULING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class AutoscalerMetrics:
+    """Karpenter's metric names, one registry per autoscaler: no process-global state."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.nodeclaims_created = Counter(
+            "karpenter_nodeclaims_created_total", "NodeClaims created.", ["reason", "nodepool",
+                                                                          "min_values_relaxed"], registry=r)
+        self.nodeclaims_terminated = Counter(
+            "karpenter_nodeclaims_terminated_total", "NodeClaims terminated.", ["nodepool", "capacity_type", "zone"],
+            registry=r)
+        self.nodeclaims_disrupted = Counter(
+            "karpenter_nodeclaims_disrupted_total", "NodeClaims disrupted.", ["reason", "nodepool", "capacity_type"],
+            registry=r)
+        self.nodes_created = Counter("karpenter_nodes_created_total", "Nodes created.", ["nodepool", "zone"],
+                                     registry=r)
+        self.nodes_terminated = Counter("karpenter_nodes_terminated_total", "Nodes terminated.",
+                                        ["nodepool", "zone"], registry=r)
+        self.scheduling_duration = Histogram(
+            "karpenter_scheduler_scheduling_duration_seconds", "Duration of a provisioning scheduling pass.",
+            ["controller"], buckets=SCHEDULING_BUCKETS, registry=r)
+        self.unschedulable_pods = Gauge("karpenter_scheduler_unschedulable_pods_count",
+                                        "Pods the last pass could not place.", ["controller"], registry=r)
+        self.allowed_disruptions = Gauge("karpenter_nodepools_allowed_disruptions",
+                                         "Nodes a NodePool may disrupt now, per reason.", ["nodepool", "reason"],
+                                         registry=r)
+        # kubegpu's own view, shared with the Grafana dashboard: one counter for every decision the autoscaler takes
+        self.decisions = Counter("kubegpu_autoscaler_decisions",
+                                 "Autoscaler decisions, by kind (launch, or the disruption reason: empty, "
+                                 "underutilized, drifted, expired).", ["decision"], registry=r)
+
+
+# ---------------------------------------------------------------------------------------------- device plugin
+
+HEALTH_METRIC = "kubegpu_device_plugin_device_healthy"
+
+HealthSource = Callable[[], Iterable[tuple[str, str, bool]]]
+
+
+class DeviceHealthCollector(Collector):
+    """Collects `(resource, device id, healthy)` triples from `source` on every scrape."""
+
+    def __init__(self, source: HealthSource) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            HEALTH_METRIC,
+            "1 if the device plugin advertises the device as Healthy, else 0",
+            labels=["resource", "device"],
+        )
+        for resource, device, healthy in self.source():
+            gauge.add_metric([resource, device], 1.0 if healthy else 0.0)
+        yield gauge
+
+
+def health_registry(source: HealthSource) -> CollectorRegistry:
+    """A stand-alone registry for the device plugin's `--metrics-address` (the exporter can add the collector)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DeviceHealthCollector(source))
+    return registry
+
+
+# ---------------------------------------------------------------------------------------------- operator
+
+
+@dataclass(frozen=True)
+class OperatorMetrics:
+    """The GPU Operator's names (`gpu_operator_*`), so its dashboards and alerts keep working."""
+
+    reconciliation_status: Gauge
+    reconciliation_total: Counter
+    reconciliation_failed_total: Counter
+    last_success: Gauge
+    has_nfd_labels: Gauge
+    gpu_nodes: Gauge
+    upgrades: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> OperatorMetrics:
+        return cls(
+            reconciliation_status=Gauge("gpu_operator_reconciliation_status",
+                                        "1 when the last reconciliation left the ClusterPolicy ready, 0 when "
+                                        "not ready, -1 when it failed", registry=registry),
+            reconciliation_total=Counter("gpu_operator_reconciliation", "Reconciliations run",
+                                         registry=registry),
+            reconciliation_failed_total=Counter("gpu_operator_reconciliation_failed", "Reconciliations that failed",
+                                                registry=registry),
+            last_success=Gauge("gpu_operator_reconciliation_last_success_ts_seconds",
+                               "When the ClusterPolicy was last reconciled to ready", registry=registry),
+            has_nfd_labels=Gauge("gpu_operator_reconciliation_has_nfd_labels",
+                                 "1 when some node carries NFD's pci-10de label", registry=registry),
+            gpu_nodes=Gauge("gpu_operator_gpu_nodes_total", "GPU nodes in the cluster", registry=registry),
+            upgrades=Gauge("gpu_operator_nodes_upgrades", "GPU nodes by driver-upgrade phase "
+                           "(in_progress, done, failed, pending)", ["phase"], registry=registry),
+        )
+
+
+# ---------------------------------------------------------------------------------------------- validator
+
+
+@dataclass(frozen=True)
+class NodeReadiness:
+    """What the validator's barrier files say about one node: each component's validation, and two counts."""
+
+    components: tuple[tuple[str, bool], ...]  # (component, validated) in the validator's order
+    plugin_devices: float
+    pci_devices: float
+
+
+class ReadinessCollector(Collector):
+    """The GPU Operator's node-status-exporter gauges, read at each scrape from `source` (the barrier files), so they
+    can never disagree with what the operands' init containers see."""
+
+    def __init__(self, node: str, source: Callable[[], NodeReadiness]) -> None:
+        self.node = node
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self.source()
+        for component, ready in reading.components:
+            gauge = GaugeMetricFamily(f"gpu_operator_node_{component}_ready",
+                                      f"1 when this node's {component} validation passed (its barrier file exists)",
+                                      labels=["node"])
+            gauge.add_metric([self.node], 1.0 if ready else 0.0)
+            yield gauge
+        devices = GaugeMetricFamily("gpu_operator_node_device_plugin_devices_total",
+                                    "GPU devices the device plugin advertised when it was validated", labels=["node"])
+        devices.add_metric([self.node], reading.plugin_devices)
+        yield devices
+        count = GaugeMetricFamily("gpu_operator_nvidia_pci_devices_total",
+                                  "GPUs the driver reported when it was validated", labels=["node"])
+        count.add_metric([self.node], reading.pci_devices)
+        yield count
+
+
+def readiness_registry(node: str, source: Callable[[], NodeReadiness]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReadinessCollector(node, source))
+    return registry
+
+
+# ---------------------------------------------------------------------------------------------- serving
+
+def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:
+    """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one).
+
+    `:PORT` listens on every interface, as NVIDIA's `:9400` does, so Prometheus can scrape the pod IP. The server
+    is kubegpu.httpserver's bounded one (real backlog, worker pool, idle timeouts, GET/HEAD only).
+    """
+    host, port = parse_listen_address(address, flag)
     try:
-        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+        server = serve_wsgi(make_wsgi_app(registry), host, port, name="metrics-http")
     except OSError as exc:
-        raise ConfigError(f"--metrics-address: cannot listen on {address}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{flag}: cannot listen on {address}: {exc.strerror or exc}") from None
     return int(server.server_port)

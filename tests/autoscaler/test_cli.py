@@ -81,7 +81,7 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
     assert code == 1 and str(pods_path) in out and "lots" in out and out.strip().count("\n") == 0
     pods_path.write_text("- [unclosed")
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
-    assert code == 1 and "invalid YAML/JSON" in out
+    assert code == 1 and "invalid YAML" in out
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "xml")
     assert code == 1 and "--output" in out
     pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("a", spec={"nodeName": "ghost"})])
@@ -155,6 +155,7 @@ def test_entry_point_exits_1_with_one_line(tmp_path: Path) -> None:
     (["--registration-delay", "-5"], "--registration-delay must be >= 0 and --interval > 0"),
     (["--interval", "0"], "--registration-delay must be >= 0 and --interval > 0"),
     (["--metrics-port", "70000"], "--metrics-port: must be 0 (off) or a port 1..65535, got 70000"),
+    (["--lease-duration", "0"], "--lease-duration: must be > 0"),
 ])
 def test_autoscaler_flags_are_checked_before_touching_the_cluster(flags: list[str], message: str) -> None:
     code, out = invoke("autoscaler", "--once", *flags)

@@ -171,3 +171,15 @@ def test_a_forbidden_list_is_raised_not_read_as_empty() -> None:
     with pytest.raises(ApiError, match="forbidden"):
         take_snapshot(_ForbiddenPdbs(h.cluster))  # type: ignore[arg-type]
     assert take_snapshot(h.cluster).pdbs == []  # not served / none: empty
+
+
+def test_a_long_nodepool_name_still_gives_a_valid_hostname_label() -> None:
+    """The node name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters (the real API
+    server rejects the Node otherwise)."""
+    h = Harness(TYPES, registration_delay=1.0)
+    h.add(nodepool("gpu-pool-for-the-research-platform-team-in-eu-west-with-a-long-name"))
+    h.add(pod("train", cpu="1", limits={"nvidia.com/gpu": 1}))
+    h.run(4)
+    [node] = h.nodes()
+    name = node["metadata"]["name"]
+    assert len(name) <= 63 and node["metadata"]["labels"]["kubernetes.io/hostname"] == name

@@ -28,8 +28,8 @@ def test_unknown_strategy_fails_before_any_simulation_runs() -> None:
     result = CliRunner().invoke(app, ["simulate", "--strategies", "exclusive,bogus"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        "error: unknown strategy 'bogus'; available: autoscaler, dynamic-mig, dynamic-mps, exclusive, mps, "
-        "static-mig, time-slicing"
+        "error: unknown strategy 'bogus'; available: autoscaler, dra, dra-dynamic-mig, dynamic-mig, dynamic-mps, "
+        "exclusive, mps, static-mig, time-slicing"
     ]
 
 

@@ -18,6 +18,7 @@ from kubegpu.config.deviceplugin import (
 )
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.backend import GpuDevice
+from kubegpu.sharing.devices import advertised_name
 
 DATA = Path(__file__).parent / "data"
 FULL_EXAMPLE = DATA / "dp-full-example.yaml"
@@ -62,7 +63,7 @@ def test_nos_example_with_rename_devices_and_memory() -> None:
     assert resource.rename == "nvidia.com/gpu-10gb"  # the domain is prepended, as NVIDIA does
     assert resource.devices == ["0"]
     assert resource.memory_gb == 10
-    assert mps.advertised_name(resource) == "nvidia.com/gpu-10gb"
+    assert advertised_name(resource.name, resource.rename, mps.rename_by_default) == "nvidia.com/gpu-10gb"
     assert config.sharing_strategy == "mps"
 
 
@@ -99,7 +100,8 @@ def test_rename_by_default_gives_shared_name() -> None:
                     "    - name: gpu\n      replicas: 3\n      devices: 2\n")
     block = config.sharing.time_slicing
     assert block is not None
-    assert block.advertised_name(block.resources[0]) == "nvidia.com/gpu.shared"
+    entry = block.resources[0]
+    assert advertised_name(entry.name, entry.rename, block.rename_by_default) == "nvidia.com/gpu.shared"
     assert block.resources[0].devices == 2
 
 

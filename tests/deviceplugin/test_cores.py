@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from kubegpu.deviceplugin.allocate import AllocateOptions, AllocationError, allocate_container, mig_cap_minors
-from kubegpu.deviceplugin.cdi import cdi_spec
+from kubegpu.deviceplugin.allocate import AllocateOptions, AllocationError, allocate_container
 from kubegpu.deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthPolicy, HealthTracker, policy_from_env
 from kubegpu.deviceplugin.manager import allocate_options
-from kubegpu.deviceplugin.mps import mps_plans
 from kubegpu.deviceplugin.preferred import PreferenceError, link_pair_score, preferred_allocation
-from kubegpu.deviceplugin.resources import devices_by_resource
+from kubegpu.sharing.cdi import cdi_spec, mig_cap_minors
+from kubegpu.sharing.devices import devices_by_resource
+from kubegpu.sharing.mps import mps_plans
 
 
 def listing(gpus: Any, count: int, config: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -13,11 +13,11 @@ import yaml
 from kubegpu.clock import VirtualClock
 from kubegpu.config.deviceplugin import effective_device_plugin_config
 from kubegpu.deviceplugin.allocate import AllocateOptions, allocate_container, device_nodes
-from kubegpu.deviceplugin.cdi import cdi_spec
 from kubegpu.deviceplugin.health import HealthPolicy
 from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
-from kubegpu.deviceplugin.resources import AnnotatedDevice, devices_by_resource
 from kubegpu.gpu.nvml import NvmlBackend
+from kubegpu.sharing.cdi import cdi_spec
+from kubegpu.sharing.devices import AnnotatedDevice, devices_by_resource
 from tests.fakes.fake_pynvml import FakeNvml
 
 SPECS = AllocateOptions(pass_device_specs=True, control_devices=())

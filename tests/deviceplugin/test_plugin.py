@@ -16,8 +16,8 @@ import yaml
 from kubegpu.config.deviceplugin import effective_device_plugin_config
 from kubegpu.deviceplugin.health import HealthPolicy
 from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
-from kubegpu.deviceplugin.metrics import HEALTH_METRIC, health_registry
 from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.metrics import HEALTH_METRIC, health_registry
 
 pytestmark = pytest.mark.integration
 

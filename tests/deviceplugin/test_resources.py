@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.deviceplugin.resources import (
+from kubegpu.errors import ConfigError
+from kubegpu.sharing.devices import (
     allocatable,
     devices_by_resource,
     mig_resource_name,
     strip_replica,
 )
-from kubegpu.errors import ConfigError
 
 
 def cfg(**sections: Any) -> dict[str, Any]:

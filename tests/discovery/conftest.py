@@ -9,7 +9,7 @@ import pytest
 from kubegpu.config.deviceplugin import parse_device_plugin_config
 from kubegpu.config.migparted import default_mig_parted_config
 from kubegpu.gpu.simulated import SimulatedBackend, parse_gpu_spec
-from kubegpu.migmanager.parted import execute, plan_apply, read_state
+from kubegpu.sharing.migapply import execute, plan_apply, read_state
 
 GOLDEN = Path(__file__).parent / "golden"
 NOW = 1755600000.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from kubegpu.deviceplugin.resources import devices_by_resource
 from kubegpu.discovery.labels import (
     compute_labels,
     format_features_file,
@@ -14,7 +13,8 @@ from kubegpu.discovery.labels import (
     version_labels,
 )
 from kubegpu.errors import ConfigError
-from kubegpu.migmanager.parted import read_state
+from kubegpu.sharing.devices import devices_by_resource
+from kubegpu.sharing.migapply import read_state
 
 from .conftest import NOW, plugin_config, sim_node
 

@@ -32,7 +32,7 @@ def test_discover_command_labels_the_node_with_a_kubeconfig(apiserver: Any, tmp_
     node = f"gfdcli-{uuid.uuid4().hex[:8]}"
     cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"team": "b"}}})
     node_file = tmp_path / "node.json"
-    SimulatedBackend.create(node_file, "2xL4")
+    SimulatedBackend.create(node_file, "2xL4").inject_xid(1, 79)
     result = CliRunner().invoke(
         app, ["discover", "--gpu-backend", f"sim:{node_file}", "--oneshot", "--kubernetes", "--node-name", node],
         env={"KUBECONFIG": str(write_kubeconfig(tmp_path, apiserver.url))},
@@ -41,6 +41,11 @@ def test_discover_command_labels_the_node_with_a_kubeconfig(apiserver: Any, tmp_
     labels = cluster.get("Node", node)["metadata"]["labels"]
     assert labels["team"] == "b" and labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    conditions = {c["type"]: c for c in cluster.get("Node", node)["status"]["conditions"]}
+    # (this emulated server replaces lists on a strategic merge; test_health.py checks that Ready etc. are kept)
+    hardware = conditions["AcceleratedHardwareReady"]
+    assert (hardware["status"], hardware["reason"]) == ("False", "GpuXidError")
+    assert "GPU 1 XID 79" in hardware["message"]
     missing_node = CliRunner().invoke(app, ["discover", "--gpu-backend", f"sim:{node_file}", "--oneshot",
                                             "--kubernetes"], env={"NODE_NAME": ""})
     assert missing_node.exit_code == 1 and "--node-name" in missing_node.output

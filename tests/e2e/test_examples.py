@@ -10,9 +10,9 @@ import yaml
 
 from kubegpu.config.deviceplugin import load_device_plugin_config
 from kubegpu.config.migparted import default_mig_parted_config, load_mig_parted_config
-from kubegpu.deviceplugin.resources import allocatable
 from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.sharing.devices import allocatable
 from tests.e2e.cli import EXAMPLES, REPO, invoke
 
 # Every example with a `kubegpu validate-config` kind, and the kind it must be recognised as.

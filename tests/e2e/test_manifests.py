@@ -36,7 +36,7 @@ EVENTS = {("", "events", verb) for verb in ("create", "get", "patch")}
 NEEDS: dict[str, set[tuple[str, str, str]]] = {
     "kubegpu-device-plugin": set(),
     "kubegpu-exporter": set(),
-    "kubegpu-discover": {("", "nodes", "get"), ("", "nodes", "patch")},
+    "kubegpu-discover": {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch")},
     "kubegpu-mig-manager": {("", "nodes", verb) for verb in ("get", "watch", "patch")} | EVENTS,
     "kubegpu-partition-agent": {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "list")} | EVENTS,
     "kubegpu-partitioner": {("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "list")} | EVENTS
@@ -46,7 +46,9 @@ NEEDS: dict[str, set[tuple[str, str, str]]] = {
     | {("kubegpu.io", "nodepools", "get"), ("kubegpu.io", "nodepools", "list")}
     | {("kubegpu.io", "nodeclaims", verb) for verb in ("list", "create", "patch", "delete")}
     | {("kubegpu.io", "nodeclaims/status", "patch")}
-    | {("apps", "daemonsets", "list"), ("policy", "poddisruptionbudgets", "list")} | EVENTS,
+    | {("kubegpu.io", "ec2nodeclasses", "list"), ("kubegpu.io", "ec2nodeclasses/status", "patch")}
+    | {("apps", "daemonsets", "list"), ("policy", "poddisruptionbudgets", "list")} | EVENTS
+    | {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")},
 }
 
 

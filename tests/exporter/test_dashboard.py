@@ -8,10 +8,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from kubegpu.autoscaler.metrics import AutoscalerMetrics
-from kubegpu.deviceplugin.metrics import health_registry
 from kubegpu.exporter.counters import load_counters
-from kubegpu.metrics import PartitionerMetrics
+from kubegpu.metrics import AutoscalerMetrics, PartitionerMetrics, health_registry
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kubegpu-dashboard.json"
 

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from kubegpu.cli import app
 from kubegpu.errors import ConfigError
-from kubegpu.exporter.attribution import ContainerDevices, EntityKey, PodInfo, PodResourcesClient, attribute
 from kubegpu.exporter.cli import parse_address
 from kubegpu.exporter.collector import build_families, read_node
 from kubegpu.exporter.counters import load_counters, parse_counters
 from kubegpu.exporter.exposition import render_text
 from kubegpu.exporter.server import Exporter, serve
 from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.sharing.attribution import ContainerDevices, EntityKey, PodInfo, PodResourcesClient, attribute
 from tests.fakes.fake_podresources import FakePodResources
 
 
@@ -191,6 +191,28 @@ def test_pod_resources_over_a_real_socket(mig_node: SimulatedBackend, tmp_path: 
     assert all("Hostname" not in s.labels for s in util)
 
 
+def test_dra_allocated_gpus_and_mig_devices_are_attributed_with_their_claim(
+    mig_node: SimulatedBackend, tmp_path: Path
+) -> None:
+    a100, h100 = mig_node.devices()
+    three_g = next(m for m in mig_node.mig_devices(0) if m.profile_id == 9)
+    claims = [
+        ("ml", "train", "main", "train-gpu", "gpu.nvidia.com", [f"gpu-{h100.device_minor}"]),
+        ("ml", "infer", "main", "slice", "gpu.nvidia.com",
+         [f"gpu-{a100.device_minor}-mig-3g40gb-{three_g.profile_id}-{three_g.start}"]),
+        ("ml", "other", "main", "fpga", "fpga.example.com", [f"gpu-{h100.device_minor}"]),  # not our driver
+        ("ml", "gone", "main", "stale", "gpu.nvidia.com", [f"gpu-{a100.device_minor}-mig-1g10gb-19-6"]),  # no such GI
+    ]
+    sock = tmp_path / "kubelet.sock"
+    with FakePodResources(sock, [], claims=claims):
+        exporter = Exporter(mig_node, load_counters(None), None, PodResourcesClient(sock), 30.0)
+        exporter.collect_once()
+    util = next(s for s in exporter.snapshot.collect() if s.name == "DCGM_FI_DEV_GPU_UTIL").samples
+    attributed = {(s.labels["gpu"], s.labels.get("GPU_I_ID")): (s.labels["pod"], s.labels["claim"])
+                  for s in util if "pod" in s.labels}
+    assert attributed == {("1", None): ("train", "train-gpu"), ("0", str(three_g.gi_id)): ("infer", "slice")}
+
+
 def test_a_failing_kubelet_leaves_series_unattributed(mig_node: SimulatedBackend, tmp_path: Path) -> None:
     h100 = mig_node.devices()[1].uuid
     failing = tmp_path / "failing.sock"
@@ -217,7 +239,7 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     runner = CliRunner()
     cases = [
         (["--collectors", str(bad_csv)], f"{bad_csv}:2: malformed CSV record on line 2"),
-        (["--gpu-backend", f"sim:{broken_node}"], f"{broken_node}: not valid JSON"),
+        (["--gpu-backend", f"sim:{broken_node}"], f"{broken_node}:1:2: invalid JSON"),
         (["--address", "[::1]:x"], "--address: expected HOST:PORT"),
         (["--address", "nonsense"], "--address: expected HOST:PORT"),
         (["--collect-interval", "0"], "--collect-interval: must be a positive number"),

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.exporter.attribution import PodResourcesClient
 from kubegpu.exporter.counters import load_counters
 from kubegpu.exporter.server import Exporter, serve
 from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.sharing.attribution import PodResourcesClient
 from tests.fakes.fake_podresources import FakePodResources
 
 

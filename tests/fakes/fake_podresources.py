@@ -11,12 +11,16 @@ from kubegpu.proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 Assignment = tuple[str, str, str, str, list[str]]
 """(namespace, pod, container, resource name, device ids)."""
+ClaimAssignment = tuple[str, str, str, str, str, list[str]]
+"""(namespace, pod, container, claim name, DRA driver, device names in the driver's pool) — a DRA allocation."""
 
 
 class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self, socket_path: Path, assignments: list[Assignment], error: grpc.StatusCode | None = None) -> None:
+    def __init__(self, socket_path: Path, assignments: list[Assignment], error: grpc.StatusCode | None = None,
+                 claims: list[ClaimAssignment] | None = None) -> None:
         self.socket_path = socket_path
         self.assignments = assignments
+        self.claims = claims or []
         self.error = error  # answer every List with this status instead, as a failing kubelet would
         self.calls = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -44,4 +48,10 @@ class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
                     name=container, devices=[api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)]
                 )
             )
+        for namespace, pod, container, claim, driver, names in self.claims:
+            entry = pods.setdefault((namespace, pod), api_pb2.PodResources(name=pod, namespace=namespace))
+            resources = [api_pb2.ClaimResource(driver_name=driver, pool_name="node", device_name=name)
+                         for name in names]
+            dynamic = api_pb2.DynamicResource(claim_name=claim, claim_namespace=namespace, claim_resources=resources)
+            entry.containers.append(api_pb2.ContainerResources(name=container, dynamic_resources=[dynamic]))
         return api_pb2.ListPodResourcesResponse(pod_resources=list(pods.values()))

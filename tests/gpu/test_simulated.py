@@ -123,7 +123,7 @@ def test_bad_node_files_are_one_line_errors(tmp_path: Path) -> None:
         SimulatedBackend(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    with pytest.raises(ConfigError, match=r"broken\.json: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"broken\.json:1:2: invalid JSON"):
         SimulatedBackend(broken).devices()
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"kind": "something-else"}))

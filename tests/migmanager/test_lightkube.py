@@ -14,7 +14,7 @@ from kubegpu.config.migparted import default_mig_parted_config
 from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.migmanager.manager import MIG_CONFIG_LABEL, MIG_STATE_LABEL, PAUSED, MigManager
-from kubegpu.migmanager.parted import assert_mismatches, read_state
+from kubegpu.sharing.migapply import assert_mismatches, read_state
 from tests.fakes.apiserver import write_kubeconfig
 
 DEPLOY = {"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm-exporter": PAUSED,

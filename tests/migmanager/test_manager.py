@@ -14,7 +14,7 @@ from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
 from kubegpu.migmanager.cli import config_map_loader
 from kubegpu.migmanager.manager import MIG_CONFIG_LABEL, MIG_STATE_LABEL, PAUSED, MigManager
-from kubegpu.migmanager.parted import assert_mismatches, read_state
+from kubegpu.sharing.migapply import assert_mismatches, read_state
 
 NODE = "gpu-node-1"
 RUNNING = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")

@@ -14,7 +14,7 @@ from kubegpu.errors import ConfigError, NotFoundError
 from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.geometry import PlacedInstance, is_legal
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.migmanager.parted import (
+from kubegpu.sharing.migapply import (
     InUseError,
     assert_mismatches,
     execute,

@@ -87,7 +87,7 @@ def test_plan_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyt
     ("pods: [{name: p, priority: high}]", "pods[0].priority: Input should be a valid integer"),
     ("nodes: [{name: a, labels: {kubegpu.io/gpu-partitioning: tpu}}]",
      "nodes[0].labels.kubegpu.io/gpu-partitioning: must be mig or mps, not 'tpu'"),
-    ("nodes: [", "not valid YAML/JSON"),
+    ("nodes: [", "invalid YAML"),
     ("nodes: [{name: a, gpus: [{model: A100-SXM4-80GB, instances: [{profile: 2g.20gb, start: 1}]}]}]",
      "nodes[0].gpus[0].instances[0].start: 2g.20gb@1: start 1 is not a legal placement"),
     ("nodes: [{name: a, gpus: [{model: A100-SXM4-80GB, instances: [{profile: 1g.10gb, start: 0}, "
@@ -107,7 +107,7 @@ def test_bad_state_files_give_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     state.write_text(content)
     assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 1
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith(f"error: {state}: ")
+    assert err.count("\n") == 0 and err.startswith(f"error: {state}:")
     assert message in err
 
 

@@ -9,14 +9,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubegpu.clock import VirtualClock
-from kubegpu.exporter.attribution import ContainerDevices
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
 from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitioner import annotations as ann
-from kubegpu.partitioner.agent import PartitionAgent, read_slices_file
-from kubegpu.partitioner.controller import Batcher, LeaderElector, PartitionerController
+from kubegpu.partitioner.agent import PartitionAgent
+from kubegpu.partitioner.controller import PartitionerController
+from kubegpu.sharing.attribution import ContainerDevices
+from kubegpu.sharing.mps import read_slices as read_slices_file
 
 A100 = get_model("A100-SXM4-80GB")
 P1G, P2G = A100.profile("1g.10gb").profile_id, A100.profile("2g.20gb").profile_id
@@ -54,18 +55,6 @@ def all_1g_node(cluster: MemoryCluster, clock: VirtualClock, used: tuple[int, ..
 
 def placements(backend: SimulatedBackend) -> list[tuple[int, int]]:
     return sorted((m.profile_id, m.start) for m in backend.mig_devices(0))
-
-
-def test_batcher_fires_on_idle_or_timeout_whichever_first() -> None:
-    batch = Batcher(timeout=60, idle=10)
-    batch.add("a", 0)
-    assert not batch.ready(9)
-    assert batch.ready(10)
-    batch.reset()
-    for t in range(0, 70, 5):  # a pod every 5 s keeps the idle timer from firing
-        batch.add(f"p{t}", t)
-        assert batch.ready(t) == (t >= 60)
-    assert batch.next_deadline() == 60
 
 
 def test_agent_reports_layout_and_usage() -> None:
@@ -153,23 +142,6 @@ def test_two_replicas_never_both_act() -> None:
     for t in range(1100, 1130, 5):  # a stops; b takes over once the lease has expired
         result = b.tick(t)
         assert result.leader == (t >= 1095 + 15)
-
-
-def test_racing_for_an_expired_lease_lets_exactly_one_win() -> None:
-    clock = VirtualClock(0)
-    cluster = MemoryCluster(clock)
-    stale = LeaderElector(cluster, "old", lease_duration=15)
-    assert stale.try_acquire(0)
-    lease = cluster.get("Lease", "kubegpu-partitioner", "kube-system")
-    x, y = LeaderElector(cluster, "x"), LeaderElector(cluster, "y")
-    original_get = cluster.get
-    cluster.get = lambda *args, **kwargs: lease  # type: ignore[method-assign]  # both read the same old version
-    try:
-        won = [x.try_acquire(100), y.try_acquire(100)]
-    finally:
-        cluster.get = original_get  # type: ignore[method-assign]
-    assert won == [True, False]
-    assert cluster.get("Lease", "kubegpu-partitioner", "kube-system")["spec"]["holderIdentity"] == "x"
 
 
 def test_impossible_profile_and_unknown_model_become_events_not_crashes() -> None:

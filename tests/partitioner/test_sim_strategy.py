@@ -1,4 +1,4 @@
-"""dynamic-mig and dynamic-mps in the simulator: the planner and the batch window on the virtual clock."""
+"""dynamic-mig and dynamic-mps in the simulator: the real partitioner controller on the virtual clock."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 
 from kubegpu.errors import ConfigError
+from kubegpu.partitioner import annotations as ann
+from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.partitioner.sim_strategy import DynamicMig, DynamicMps
 from kubegpu.sim.engine import Simulation
 from kubegpu.sim.perf import mig_speed
@@ -111,6 +113,22 @@ def test_skipping_futile_plans_changes_no_result(strategy_cls: type[DynamicMig] 
     assert skipping.skipped > 0 and planning.skipped == 0
     assert skipping.plans + skipping.skipped == planning.plans
     assert first["evictions"] == 0
+
+
+@pytest.mark.parametrize(("strategy_cls", "mode"), [(DynamicMig, "mig"), (DynamicMps, "mps")])
+def test_the_real_controller_plans_and_the_strategy_plays_the_agent(
+        strategy_cls: type[DynamicMig] | type[DynamicMps], mode: str) -> None:
+    strategy = strategy_cls("dyn", batch_idle=30.0)  # options go to the controller
+    sim = Simulation(scenario(), strategy, [job("small", 8), job("mid", 30)])
+    result = sim.run(None)
+    assert isinstance(strategy.controller, PartitionerController) and strategy.controller.batch_idle == 30.0
+    node = sim.cluster.get("Node", "g-0")
+    assert node["metadata"]["labels"][ann.PARTITIONING_LABEL] == mode  # opted in as it joined
+    annotations = node["metadata"]["annotations"]
+    assert annotations[ann.SPEC_PLAN] == annotations[ann.STATUS_PLAN]  # the agent reported the plan it applied
+    assert "kubegpu.io/spec-gpu-0-layout" in annotations and "kubegpu.io/status-gpu-0-layout" in annotations
+    assert result.pods_completed == 2
+    assert result.pending_max_s >= 30 + strategy.delay  # the controller's idle window, then the change
 
 
 def test_registered_and_arguments_rejected() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kubegpu.errors import ConfigError
 from kubegpu.gpu.geometry import PlacedInstance
 from kubegpu.sim.engine import InstanceInUseError, Simulation
 from kubegpu.sim.metrics import StrategyResult
@@ -239,6 +240,26 @@ def test_a_controller_adds_a_node_that_takes_pods_once_ready() -> None:
     assert result.cost == pytest.approx(40.0)
 
 
+class GrowerAtDefault(BaseStrategy):
+    def on_start(self, sim: SimControl) -> None:
+        sim.add_node("g")  # no delay given: the scenario's node bring-up
+
+
+def test_a_new_node_is_usable_only_after_the_operators_bring_up_stages() -> None:
+    """boot → driver → toolkit → cuda → plugin validation: the pod waits for the whole chain, not a flat delay."""
+    stages = {"boot": "60s", "driver": "10m", "toolkit": "45s", "cuda": "30s", "plugin": "15s"}
+    jobs = [job("a-1"), job("b-1", arrival=60.0)]
+    result = simulate(GrowerAtDefault("grower"), jobs, duration="2h", nodeBringUp=stages)
+    assert result.pending_max_s == pytest.approx(60 + 600 + 45 + 30 + 15 - 60.0)
+    default = simulate(GrowerAtDefault("grower"), jobs, duration="2h")
+    assert default.pending_max_s == pytest.approx(300.0 - 60.0)  # the default chain adds up to five minutes
+
+
+def test_a_negative_bring_up_stage_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"nodeBringUp\.driver"):
+        tiny_scenario(nodeBringUp={"driver": "-5s"})
+
+
 def test_time_slicing_allocatable_comes_from_the_device_plugin_accounting() -> None:
     views: list[dict[str, int]] = []
 
@@ -262,7 +283,10 @@ def test_unknown_strategy_is_a_one_line_error() -> None:
         get_strategy("time-slicing:x")
 
 
-def test_registered_plugins_are_found_by_name() -> None:
+def test_registered_plugins_are_found_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubegpu.sim import strategies
+
+    monkeypatch.setattr(strategies, "_REGISTRY", dict(strategies._REGISTRY))  # leave no plug-in behind
     register_strategy("test-plugin", lambda argument: BaseStrategy(f"test-plugin:{argument}"))
     assert get_strategy("test-plugin:7").name == "test-plugin:7"
 

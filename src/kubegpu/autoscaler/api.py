@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.cron import CronSchedule
+from kubegpu.config import model_error_message
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling.quantity import parse_quantity
 
@@ -25,6 +26,7 @@ Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 ConsolidationPolicy = Literal["WhenEmpty", "WhenEmptyOrUnderutilized"]
 DisruptionReason = Literal["Underutilized", "Empty", "Drifted"]
 
+KARPENTER_CAPACITY_TYPE = "karpenter.sh/capacity-type"
 _DURATION_RE = re.compile(r"^([0-9]+(s|m|h))+$")
 _DURATION_PART = re.compile(r"([0-9]+)(s|m|h)")
 _BUDGET_NODES_RE = re.compile(r"^((100|[0-9]{1,2})%|[0-9]+)$")
@@ -44,16 +46,23 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class Requirement(_Model):
-    """NodeSelectorRequirementWithMinValues."""
+class NodeSelectorRequirementWithMinValues(_Model):
+    """One NodePool/NodeClaim requirement as the API spells it (Karpenter's type name); the solver's algebra over
+    these is `kubegpu.autoscaler.requirements.Requirement`."""
 
     key: str = Field(min_length=1, max_length=316)
     operator: Operator
     values: list[str] = Field(default_factory=list)
     minValues: int | None = Field(default=None, ge=1, le=50)
 
+    @field_validator("key")
+    @classmethod
+    def _alias(cls, value: str) -> str:
+        """Karpenter's `karpenter.sh/capacity-type` is our `kubegpu.io/capacity-type` (NodePools move over as-is)."""
+        return L.CAPACITY_TYPE_LABEL if value == KARPENTER_CAPACITY_TYPE else value
+
     @model_validator(mode="after")
-    def _cel_rules(self) -> Requirement:
+    def _cel_rules(self) -> NodeSelectorRequirementWithMinValues:
         if self.key in L.RESTRICTED_LABELS:
             raise ValueError(f"label {self.key!r} is restricted (the autoscaler sets it)")
         if self.operator == "In" and not self.values:
@@ -107,7 +116,7 @@ def _check_duration(value: str | None, allow_never: bool) -> str | None:
 
 class NodeClaimTemplateSpec(_Model):
     nodeClassRef: NodeClassReference = Field(default_factory=NodeClassReference)
-    requirements: list[Requirement] = Field(max_length=100)
+    requirements: list[NodeSelectorRequirementWithMinValues] = Field(max_length=100)
     taints: list[Taint] = Field(default_factory=list)
     startupTaints: list[Taint] = Field(default_factory=list)
     expireAfter: str = "720h"
@@ -237,7 +246,7 @@ class ResourceRequirements(_Model):
 
 class NodeClaimSpec(_Model):
     nodeClassRef: NodeClassReference = Field(default_factory=NodeClassReference)
-    requirements: list[Requirement] = Field(default_factory=list)
+    requirements: list[NodeSelectorRequirementWithMinValues] = Field(default_factory=list)
     taints: list[Taint] = Field(default_factory=list)
     startupTaints: list[Taint] = Field(default_factory=list)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
@@ -253,22 +262,9 @@ class NodeClaim(_Model):
     spec: NodeClaimSpec
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not str(part).startswith(("function-", "literal[", "str", "int")):
-            path += f".{part}" if path else str(part)
-    return path
-
-
 def validation_message(error: ValidationError) -> str:
     """The first pydantic error as `field.path: what`, so a bad CR costs the user one line."""
-    first = error.errors()[0]
-    message = str(first["msg"]).removeprefix("Value error, ")
-    path = _field_path(tuple(first["loc"]))
-    return f"{path}: {message}" if path else message
+    return model_error_message(error)
 
 
 def parse_nodepool(data: Any, source: str = "NodePool") -> NodePool:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering, to_kwok
+from kubegpu.sharing.names import GPU_RESOURCE
 
 GIB = 2.0**30
 ZONES = ("test-zone-a", "test-zone-b", "test-zone-c", "test-zone-d")
@@ -64,7 +65,7 @@ def _offerings(on_demand: float, zones: tuple[str, ...] = ZONES) -> tuple[Offeri
 def shipped_catalogue() -> list[InstanceType]:
     types = [
         InstanceType(name, "amd64", ("linux",),
-                     {"cpu": cpu, "memory": mem * GIB, "pods": 110.0, "nvidia.com/gpu": float(gpus)},
+                     {"cpu": cpu, "memory": mem * GIB, "pods": 110.0, GPU_RESOURCE: float(gpus)},
                      _offerings(price), gpu_model=model)
         for name, cpu, mem, gpus, model, price in GPU_SHAPES
     ]

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -17,19 +16,13 @@ from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_type
 from kubegpu.autoscaler.provisioner import plan_summary, run_pass
 from kubegpu.autoscaler.scheduler import pod_problem
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import parse_yaml_documents, read_text
 from kubegpu.scheduling import node_info, parse_quantity
 
 
 def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
     """Objects of `kind` from a YAML/JSON file: one object, a list, a `kind: List`, or several YAML documents."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML/JSON: {str(exc).splitlines()[0]}") from None
+    docs = parse_yaml_documents(read_text(path), str(path))  # bounded, UTF-8, safe YAML
     items: list[Any] = []
     for doc in docs:
         if isinstance(doc, list):
@@ -102,12 +95,33 @@ def provision_command(
     pods: Path = typer.Option(..., "--pods", help="Pending Pod manifests (YAML/JSON list or multi-doc)."),
     nodes: Path | None = typer.Option(None, "--nodes", help="Existing Node manifests; pods with nodeName count there."),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    provider: str = typer.Option("kwok", "--provider", help="kwok (instance-type file) or aws (the account's types)."),
+    region: str | None = typer.Option(None, "--region", help="AWS region (default: AWS_REGION / AWS_DEFAULT_REGION)."),
+    nodeclasses: Path | None = typer.Option(None, "--nodeclasses", help="EC2NodeClass manifests (--provider aws)."),
+    launch: bool = typer.Option(False, "--launch", help="Also launch the NodeClaims (--provider aws)."),
+    cluster_name: str = typer.Option("kubegpu", "--cluster-name", help="Cluster name in the launch tags (aws)."),
+    isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
 ) -> None:
     """Run one provisioning pass offline: which NodeClaims Karpenter-style provisioning would create, and why not."""
     if output not in ("table", "json"):
         raise ConfigError(f"--output: must be table or json, got {output!r}")
+    from kubegpu.autoscaler.aws.cli import check_provider  # no boto3 import: kwok works without the extra
+
+    check_provider(provider)
+    if provider == "kwok" and (launch or nodeclasses):
+        raise ConfigError(f"{'--launch' if launch else '--nodeclasses'}: only with --provider aws")
+    if provider == "aws" and instance_types:
+        raise ConfigError("--instance-types: only with --provider kwok (aws reads the account's instance types)")
     pools = load_nodepools(nodepools)
-    types: list[InstanceType] = load_instance_types(instance_types) if instance_types else default_instance_types()
+    aws = None
+    if provider == "aws":
+        from kubegpu.autoscaler.aws.cli import build_provider, check_pools
+        from kubegpu.clock import RealClock
+
+        aws = build_provider(region, nodeclasses, cluster_name, RealClock(), isolated_vpc=isolated_vpc)
+        check_pools(pools, aws.nodeclasses, str(nodeclasses))
+    types: list[InstanceType] = [] if aws else (
+        load_instance_types(instance_types) if instance_types else default_instance_types())
     all_pods = load_manifests(pods, "Pod")
     _check_pods(all_pods, pods)
     existing_nodes = load_manifests(nodes, "Node") if nodes else []
@@ -124,8 +138,19 @@ def provision_command(
             raise ConfigError(f"{pods}: pod {on_node[0]['metadata']['name']}: spec.nodeName {node_name!r} is not "
                               f"among the --nodes")
     infos = [node_info(n, bound.get(n["metadata"]["name"], [])) for n in existing_nodes]
-    result = run_pass(pools, lambda _pool: types, pending, infos)
+    result = run_pass(pools, aws.instance_types if aws else lambda _pool: types, pending, infos)
     summary = plan_summary(result)
+    if aws is not None and launch:
+        from kubegpu.autoscaler.aws.cli import launch as launch_claims
+        from kubegpu.clock import RealClock
+
+        summary = {"nodeclaims": launch_claims(aws, result, pools, RealClock().now()),
+                   "unschedulable": summary["unschedulable"], "cost": summary["cost"]}
+        if output == "table":
+            for row in summary["nodeclaims"]:
+                typer.echo(f"{row['name']}\t{row['instanceType']}\t{row['zone']}\t{row['capacityType']}\t"
+                           f"{row['providerID'] or row.get('error')}")
+            return
     if output == "json":
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -156,35 +181,89 @@ def autoscaler_command(
     interval: float = typer.Option(1.0, "--interval", help="Seconds between passes."),
     disruption: bool = typer.Option(True, "--disruption/--no-disruption", help="Consolidate and expire nodes."),
     once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
-    metrics_port: int = typer.Option(8080, "--metrics-port", help="Serve Karpenter-named metrics here (0: off)."),
+    metrics_address: str = typer.Option(
+        ":8080", "--metrics-address", help="HOST:PORT to serve Karpenter-named metrics on (empty: off)."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", hidden=True,
+                                            help="Deprecated spelling of --metrics-address :PORT (0: off)."),
+    identity: str = typer.Option("", "--identity", help="Leader-election identity (default: host name)."),
+    lease_namespace: str = typer.Option("kube-system", "--lease-namespace"),
+    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
+    provider: str = typer.Option("kwok", "--provider", help="kwok (simulated nodes) or aws (EC2 instances)."),
+    region: str | None = typer.Option(None, "--region", help="AWS region (default: AWS_REGION / AWS_DEFAULT_REGION)."),
+    nodeclasses: Path | None = typer.Option(
+        None, "--nodeclasses", help="EC2NodeClass manifests (aws; default: the cluster's EC2NodeClass objects)."),
+    interruption_queue: str | None = typer.Option(
+        None, "--interruption-queue", envvar="INTERRUPTION_QUEUE", help="SQS queue name for interruption events."),
+    cluster_name: str = typer.Option("kubegpu", "--cluster-name", envvar="CLUSTER_NAME",
+                                     help="Cluster name in the launch tags (aws)."),
+    isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
 ) -> None:
-    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster) with the simulated provider."""
-    from kubegpu.autoscaler.controller import Autoscaler, Options
+    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster) with the simulated provider.
+
+    Replicas elect a leader through the kubegpu-autoscaler Lease; only the leader provisions and disrupts."""
+    import socket
+
+    from kubegpu.autoscaler.controller import LEASE_NAME, Autoscaler, Options
     from kubegpu.autoscaler.provider import SimulatedProvider
     from kubegpu.clock import RealClock
     from kubegpu.kube import LightkubeCluster
+    from kubegpu.kube.leader import LeaderElector
 
     if batch_idle <= 0 or batch_max < batch_idle:
         raise ConfigError("--batch-idle-duration must be > 0 and --batch-max-duration at least as long")
     if registration_delay < 0 or interval <= 0:
         raise ConfigError("--registration-delay must be >= 0 and --interval > 0")
-    if not 0 <= metrics_port <= 65535:
-        raise ConfigError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
-    types = load_instance_types(instance_types) if instance_types else default_instance_types()
+    if lease_duration <= 0:
+        raise ConfigError("--lease-duration: must be > 0")
+    if metrics_port is not None:  # the old flag keeps working: --metrics-port N is --metrics-address :N
+        if not 0 <= metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
+        metrics_address = f":{metrics_port}" if metrics_port else ""
+    if metrics_address:
+        from kubegpu.httpserver import parse_listen_address
+
+        parse_listen_address(metrics_address, "--metrics-address")
+    from kubegpu.autoscaler.aws.cli import check_provider
+
+    check_provider(provider)
+    if provider == "kwok" and (interruption_queue or nodeclasses):
+        raise ConfigError(f"{'--interruption-queue' if interruption_queue else '--nodeclasses'}: only with "
+                          "--provider aws")
     console = Console(stderr=True)
     cluster = LightkubeCluster()
     clock = RealClock()
-    scaler = Autoscaler(cluster, SimulatedProvider(cluster, types, clock, registration_delay), clock,
-                        Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption),
-                        log=lambda line: console.log(line))
+    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption)
+    elector = LeaderElector(cluster, identity or socket.gethostname(), LEASE_NAME, namespace=lease_namespace,
+                            lease_duration=lease_duration)
+    scaler: Autoscaler
+    if provider == "aws":
+        from kubegpu.autoscaler.aws.cli import build_autoscaler
+
+        scaler = build_autoscaler(cluster, clock, options, elector, region=region, nodeclasses=nodeclasses,
+                                  cluster_name=cluster_name, interruption_queue=interruption_queue,
+                                  isolated_vpc=isolated_vpc, log=lambda line: console.log(line))
+    else:
+        types = load_instance_types(instance_types) if instance_types else default_instance_types()
+        scaler = Autoscaler(cluster, SimulatedProvider(cluster, types, clock, registration_delay), clock, options,
+                            log=lambda line: console.log(line), elector=elector)
     if once:
         scaler.step()
         return
-    if metrics_port:
+    if metrics_address:
         from kubegpu.metrics import serve_metrics
 
-        serve_metrics(f":{metrics_port}", scaler.metrics.registry)
-    asyncio.run(scaler.run(interval))
+        serve_metrics(metrics_address, scaler.metrics.registry)
+
+    async def run_until_signalled() -> None:
+        """SIGTERM/SIGINT end the loop after the pass in progress (no half-recorded NodeClaim launch)."""
+        import signal
+
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await scaler.run(interval, stop)
+
+    asyncio.run(run_until_signalled())
 
 
 def _looks_like_nodepool(data: object) -> bool:
@@ -201,6 +280,9 @@ def register_validators() -> None:
     from kubegpu.config import register_validator
 
     register_validator("NodePool", _looks_like_nodepool, _validate_nodepool)
+    from kubegpu.autoscaler.aws.nodeclass import looks_like_ec2nodeclass, validate_ec2nodeclass
+
+    register_validator("EC2NodeClass", looks_like_ec2nodeclass, validate_ec2nodeclass)
 
 
 def register(app: typer.Typer) -> None:

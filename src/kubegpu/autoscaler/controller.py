@@ -1,7 +1,9 @@
 """The autoscaler: provider tick, NodeClaim lifecycle, provisioning, termination and disruption in one step.
 
 `Autoscaler.step()` is one synchronous pass over the cluster interface, so the same code runs under `kubegpu
-autoscaler` (real clock, a loop with `run()`) and in the simulator (virtual clock, one step per tick).
+autoscaler` (real clock, a loop with `run()`) and in the simulator (virtual clock, one step per tick). With a
+`LeaderElector` (the command always has one) a pass first holds the `kubegpu-autoscaler` Lease, so several replicas
+can run and only one provisions or disrupts: two acting at once would each buy a node for the same pending pods.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from typing import TYPE_CHECKING
 
 from kubegpu.autoscaler.disruption import Disruption
 from kubegpu.autoscaler.lifecycle import Lifecycle
-from kubegpu.autoscaler.metrics import AutoscalerMetrics
 from kubegpu.autoscaler.provisioner import Provisioner, take_snapshot
 from kubegpu.autoscaler.state import name_of
 from kubegpu.autoscaler.termination import Termination
+from kubegpu.metrics import AutoscalerMetrics
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+    from kubegpu.kube.leader import LeaderElector
+
+LEASE_NAME = "kubegpu-autoscaler"
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,9 @@ class Options:
 
 class Autoscaler:
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, options: Options | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, elector: LeaderElector | None = None) -> None:
         opts = options or Options()
+        self.elector = elector  # None: act on every pass (one replica, tests, the simulator)
         self.cluster = cluster
         self.provider = provider
         self.clock = clock
@@ -53,7 +59,11 @@ class Autoscaler:
         for component in (self.provisioner, self.termination, self.lifecycle, self.disruption):
             component.metrics = self.metrics
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One pass; False, having done nothing, while another replica holds the Lease."""
+        if self.elector is not None and not self.elector.try_acquire(self.clock.now()):
+            self.provisioner.batcher.reset()  # a window from an earlier term must not fire on takeover
+            return False
         tick = getattr(self.provider, "tick", None)
         if tick is not None:
             tick()
@@ -66,6 +76,7 @@ class Autoscaler:
         self.provisioner.reconcile(snapshot)
         if self.options.disruption:
             self.disruption.reconcile(snapshot)
+        return True
 
     async def run(self, interval: float = 1.0, stop: asyncio.Event | None = None) -> None:
         """Step every `interval` seconds until `stop` is set; a failing pass is logged, the loop goes on."""

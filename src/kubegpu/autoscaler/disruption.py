@@ -32,14 +32,16 @@ from kubegpu.autoscaler.state import (
 from kubegpu.autoscaler.termination import eviction_blocker, taint_node
 
 if TYPE_CHECKING:
-    from kubegpu.autoscaler.metrics import AutoscalerMetrics
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.autoscaler.provisioner import Provisioner
     from kubegpu.autoscaler.termination import Termination
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+    from kubegpu.metrics import AutoscalerMetrics
 
 MAX_MULTI_CANDIDATES = 100
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+DISRUPT_RUNNING_JOBS_ANNOTATION = "kubegpu.io/disrupt-running-jobs"
 EMPTY, UNDERUTILIZED, DRIFTED = "Empty", "Underutilized", "Drifted"
 
 
@@ -76,6 +78,23 @@ class Command:
         price = sum(p.price for p in self.replacements)
         return f"replace {names} with {types} at {price:.4f}/h ({self.reason})"
 
+
+
+def not_safe_to_move(pod: dict[str, Any], pool: NodePool) -> str | None:
+    """Why voluntary disruption must leave the pod's node alone, or None (GPU-aware: training is not restartable
+    for free). A running pod owned by a Job, or one carrying Karpenter's `karpenter.sh/do-not-disrupt`, blocks
+    consolidation and drift of its node unless the NodePool opts in with the annotation
+    `kubegpu.io/disrupt-running-jobs: "true"` (Karpenter would evict a Job's pod and let it restart)."""
+    meta = pod.get("metadata") or {}
+    if ((meta.get("annotations") or {}).get(KARPENTER_DO_NOT_DISRUPT)) == "true":
+        return f"pod {meta.get('name')} has {KARPENTER_DO_NOT_DISRUPT}"
+    pool_annotations = (pool.metadata.model_extra or {}).get("annotations") or {}
+    if pool_annotations.get(DISRUPT_RUNNING_JOBS_ANNOTATION) == "true":
+        return None
+    running = (pod.get("status") or {}).get("phase") in ("Running", None) and (pod.get("spec") or {}).get("nodeName")
+    if running and any(ref.get("kind") == "Job" for ref in meta.get("ownerReferences") or []):
+        return f"pod {meta.get('name')} is a running Job pod"
+    return None
 
 
 def pod_disruption_cost(pod: dict[str, Any]) -> float:
@@ -182,6 +201,8 @@ class Disruption:
                 continue
             pods = [p for p in on.get(node_name, []) if is_reschedulable(p)]
             if any(do_not_disrupt(p) for p in on.get(node_name, [])):
+                continue
+            if any(not_safe_to_move(p, pool) for p in on.get(node_name, [])):
                 continue
             if any(eviction_blocker(p, snapshot.pdbs, snapshot.pods) for p in pods):
                 continue

@@ -8,7 +8,6 @@ the autoscaler knows what one GPU of that type holds under a NodePool's MIG or s
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +18,13 @@ from typing import Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import load_json_file, parse_json_text
 from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.sharing.names import GPU_RESOURCE
 
-GPU_RESOURCE = "nvidia.com/gpu"
 KUBE_RESERVED = {"cpu": 0.1, "memory": 10 * 2.0**20}  # kwok's kube-reserved: 100m CPU and 10Mi
 DEFAULT_PODS = 110.0
+MAX_PRICE = 1e6  # per hour; the largest cloud instances cost under 1e3
 _AWS_SIZE = re.compile(r"^[a-z0-9-]+\.(?P<size>[0-9]*(nano|micro|small|medium|large|xlarge|metal)[-a-z0-9]*)$")
 
 
@@ -119,15 +120,18 @@ def _offering(raw: Any, where: str) -> Offering:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be an object with Price, Available and Requirements")
     price = raw.get("Price", raw.get("price"))
-    if isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
-        raise ConfigError(f"{where}.Price: must be a number >= 0, got {price!r}")
+    if isinstance(price, bool) or not isinstance(price, int | float) or not 0 <= price <= MAX_PRICE:
+        raise ConfigError(f"{where}.Price: must be a number from 0 to {MAX_PRICE:.0e}, got {str(price)[:40]}")
     zone, capacity_type = None, None
     reqs = raw.get("Requirements", raw.get("requirements"))
     if not isinstance(reqs, list):
         raise ConfigError(f"{where}.Requirements: must be a list of zone / capacity-type requirements")
     for i, req in enumerate(reqs):
-        if not isinstance(req, dict) or req.get("operator") != "In" or not req.get("values"):
+        if not isinstance(req, dict) or req.get("operator") != "In":
             raise ConfigError(f"{where}.Requirements[{i}]: must be {{key, operator: In, values: [one value]}}")
+        values = req.get("values")
+        if not isinstance(values, list) or not values or not isinstance(values[0], str):
+            raise ConfigError(f"{where}.Requirements[{i}].values: must be a non-empty list of strings, got {values!r}")
         if req.get("key") == L.ZONE_LABEL:
             zone = str(req["values"][0])
         elif req.get("key") in (L.CAPACITY_TYPE_LABEL, "karpenter.sh/capacity-type"):
@@ -167,6 +171,8 @@ def parse_instance_type(raw: Any, where: str) -> InstanceType:
         raise ConfigError(f"{where}.offerings: must be a non-empty list")
     parsed = tuple(_offering(o, f"{where}.offerings[{i}]") for i, o in enumerate(offerings))
     systems = raw.get("operatingSystems") or ["linux"]
+    if not isinstance(systems, list) or not all(isinstance(s, str) for s in systems):
+        raise ConfigError(f"{where}.operatingSystems: must be a list of strings, got {systems!r}")
     gpu_model = raw.get("gpuModel")
     if gpu_model is not None:
         from kubegpu.gpu.catalog import get_model
@@ -199,21 +205,13 @@ def parse_instance_types(data: Any, source: str) -> list[InstanceType]:
 
 def load_instance_types(path: Path | str) -> list[InstanceType]:
     """Instance types from a kwok-format JSON file; one-line ConfigError for a missing or malformed file."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read instance types: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-    return parse_instance_types(data, str(path))
+    return parse_instance_types(load_json_file(path), str(path))  # bounded, UTF-8, strict JSON
 
 
 def default_instance_types() -> list[InstanceType]:
     """The GPU and CPU catalogue shipped with the package (p4d/p5/g5/g6/g6e/g4dn-like and c/m/r types)."""
     text = pkg_resources.files("kubegpu.autoscaler").joinpath("data/instance_types.json").read_text()
-    return parse_instance_types(json.loads(text), "instance_types.json")
+    return parse_instance_types(parse_json_text(text, "instance_types.json"), "instance_types.json")
 
 
 def to_kwok(types: Sequence[InstanceType]) -> list[dict[str, Any]]:

@@ -5,6 +5,12 @@ Kept in one place so the provisioner, lifecycle and disruption controllers and t
 
 from __future__ import annotations
 
+from kubegpu.autoscaler.aws import labels as _aws
+
+# the sharing config a NodePool template carries: names shared with the MIG manager and the device plugin
+from kubegpu.sharing.names import DEVICE_PLUGIN_CONFIG_ANNOTATION as DEVICE_PLUGIN_CONFIG_ANNOTATION
+from kubegpu.sharing.names import MIG_CONFIG_LABEL as MIG_CONFIG_LABEL
+
 GROUP = "kubegpu.io"
 API_VERSION = "kubegpu.io/v1"
 
@@ -26,8 +32,6 @@ INSTANCE_SIZE_LABEL = "kubegpu.io/instance-size"
 INSTANCE_GPU_COUNT_LABEL = "kubegpu.io/instance-gpu-count"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"      # GFD's label, so pods can select a GPU model before the node exists
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"        # mig-parted config name (the MIG manager's label)
-DEVICE_PLUGIN_CONFIG_ANNOTATION = "kubegpu.io/device-plugin-config"  # inline device-plugin config (YAML/JSON)
 SIMULATED_NODE_LABEL = "kubegpu.io/simulated-node"
 
 UNREGISTERED_TAINT = {"key": "kubegpu.io/unregistered", "effect": "NoExecute"}
@@ -46,7 +50,9 @@ WELL_KNOWN_LABELS = frozenset({
     NODEPOOL_LABEL, ZONE_LABEL, REGION_LABEL, INSTANCE_TYPE_LABEL, ARCH_LABEL, OS_LABEL, CAPACITY_TYPE_LABEL,
     "node.kubernetes.io/windows-build", INSTANCE_CPU_LABEL, INSTANCE_MEMORY_LABEL, INSTANCE_FAMILY_LABEL,
     INSTANCE_SIZE_LABEL, INSTANCE_GPU_COUNT_LABEL, GPU_PRODUCT_LABEL, GPU_COUNT_LABEL,
-})
+}) | _aws.WELL_KNOWN  # Karpenter's AWS keys (instance-gpu-name, karpenter.sh/capacity-type, ...) for --provider aws
+# Instance-type keys from the AWS provider: a positive requirement on one fails for a type without the label.
+AWS_INSTANCE_TYPE_LABELS = _aws.INSTANCE_TYPE_KEYS
 
 # Labels only the autoscaler may set (Karpenter restricts its own domain and the hostname the same way).
 RESTRICTED_LABELS = frozenset({

@@ -24,15 +24,18 @@ from kubegpu.errors import KubegpuError
 from kubegpu.scheduling import parse_quantity
 
 if TYPE_CHECKING:
-    from kubegpu.autoscaler.metrics import AutoscalerMetrics
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+    from kubegpu.metrics import AutoscalerMetrics
 
 LAUNCH_TIMEOUT = 5 * 60.0
 REGISTRATION_TIMEOUT = 15 * 60.0
 EPHEMERAL_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
                               "node.cloudprovider.kubernetes.io/uninitialized"})
+REPAIR_CONDITION = "AcceleratedHardwareReady"   # the EKS node monitoring agent's name; see docs/autoscaler.md
+REPAIR_TOLERATION = 10 * 60.0
+REPAIR_MAX_UNHEALTHY = 0.2
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 
 
@@ -70,6 +73,7 @@ class Lifecycle:
         self.terminate = terminate
         self.log = log or (lambda _line: None)
         self.metrics: AutoscalerMetrics | None = None
+        self._unhealthy_since: dict[str, float] = {}
 
     def reconcile(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> None:
         for claim in claims:
@@ -79,6 +83,40 @@ class Lifecycle:
                 self._step(claim, nodes)
             except KubegpuError as exc:
                 self.log(f"nodeclaim {name_of(claim)}: {exc}")
+        self.repair(claims, nodes)
+
+    def repair(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> list[str]:
+        """Karpenter's node repair for GPUs: a node whose `AcceleratedHardwareReady` condition is False (critical
+        XIDs, set by the discovery agent, `kubegpu discover --kubernetes`) for 10 minutes is replaced. The clock starts
+        at the first unhealthy sighting, not the condition's lastTransitionTime (flapping XIDs keep resetting that).
+        No repair while more than 20 % of a NodePool's nodes are unhealthy: that is an outage, not a bad GPU. Returns
+        the claims sent to termination."""
+        now = self.clock.now()
+        live = {name_of(c) for c in claims}
+        self._unhealthy_since = {k: v for k, v in self._unhealthy_since.items() if k in live}
+        unhealthy: dict[str, list[dict[str, Any]]] = {}
+        totals: dict[str, int] = {}
+        for claim in claims:
+            pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL, "")
+            totals[pool] = totals.get(pool, 0) + 1
+            node = nodes.get((claim.get("status") or {}).get("nodeName") or "")
+            cond = condition(node, REPAIR_CONDITION) if node is not None else None
+            if cond is not None and cond.get("status") == "False":
+                since = self._unhealthy_since.setdefault(name_of(claim), now)
+                if now - since >= REPAIR_TOLERATION:
+                    unhealthy.setdefault(pool, []).append(claim)
+            else:
+                self._unhealthy_since.pop(name_of(claim), None)
+        repaired = []
+        for pool, bad in unhealthy.items():
+            if len(bad) > REPAIR_MAX_UNHEALTHY * totals[pool]:
+                self.log(f"nodepool {pool}: {len(bad)}/{totals[pool]} nodes have unhealthy GPUs; not repairing")
+                continue
+            for claim in bad:
+                self.log(f"nodeclaim {name_of(claim)}: {REPAIR_CONDITION}=False for 10m, replacing")
+                self.terminate(claim, "unhealthy")
+                repaired.append(name_of(claim))
+        return repaired
 
     def _patch_status(self, claim: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         claim["status"] = {**(claim.get("status") or {}), **status}

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.autoscaler import labels as L
-from kubegpu.autoscaler.gpu_capacity import backend_allocatable, sharing_of, simulated_gpu_backend
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.clock import Clock
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.scheduling.quantity import format_quantity
+from kubegpu.sharing.capacity import backend_allocatable, sharing_of, simulated_gpu_backend
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.api import NodePool
@@ -149,7 +149,8 @@ class SimulatedProvider(InstanceListing):
         it, offering = launch_choice(self.types, nodeclaim, lambda t: sharing_capacity(sharing, t))
         self.create_calls += 1
         digest = hashlib.sha1(f"{meta['name']}/{self.create_calls}".encode()).hexdigest()[:5]
-        node_name = f"kwok-{meta['name']}-{digest}"
+        # the name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters
+        node_name = f"kwok-{meta['name'][:63 - len('kwok--') - len(digest)]}-{digest}"
         provider_id = f"kwok://{node_name}"
         backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config) \
             if it.gpu_model and it.gpu_count else None

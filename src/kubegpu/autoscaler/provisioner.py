@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, parse_nodepool, template_hash
-from kubegpu.autoscaler.batcher import Batcher
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.requirements import Requirement, Requirements
@@ -29,14 +28,15 @@ from kubegpu.autoscaler.state import (
 )
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import NotFound
+from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
 from kubegpu.scheduling.quantity import format_quantity
 
 if TYPE_CHECKING:
-    from kubegpu.autoscaler.metrics import AutoscalerMetrics
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+    from kubegpu.metrics import AutoscalerMetrics
 
 Log = Callable[[str], None]
 
@@ -237,7 +237,7 @@ class Provisioner:
         self.cluster = cluster
         self.provider = provider
         self.clock = clock
-        self.batcher = Batcher(batch_idle, batch_max)
+        self.batcher = Batcher(window=batch_max, idle=batch_idle)
         self.log = log or (lambda _line: None)
         self.capacity = CapacityModel()
         self._reported: dict[str, str] = {}
@@ -259,7 +259,7 @@ class Provisioner:
         snapshot = snapshot or take_snapshot(self.cluster)
         self._report_pool_errors(snapshot)
         pending = [p for p in snapshot.pods if is_provisionable(p) and self._readable(p)]
-        self.batcher.trigger((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
+        self.batcher.add((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
         if not self.batcher.ready(now):
             return None
         self.batcher.reset()

@@ -7,7 +7,9 @@ The argument picks how nodes share GPUs, and the NodePool carries the same shari
 provisioner counts exactly what the simulated device plugin will advertise: `exclusive` (default),
 `time-slicing-<N>` or `mig-<mig-parted config>`. Nodes are bought with `sim.add_node(group)` and returned with
 `sim.remove_node`, so the simulator's cost integral and node counts are the autoscaler's bill; `timeline` records
-(time, nodes, $/h) at every tick for reports.
+(time, nodes, $/h) at every tick for reports. With the scenario's `spotInterruptions` the simulator takes bought
+nodes back; the strategy then deletes their NodeClaims (Karpenter's interruption controller) and the provisioner
+buys replacements for the evicted pods.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.controller import Autoscaler, Options
-from kubegpu.autoscaler.gpu_capacity import sharing_capacity, sharing_of
+from kubegpu.autoscaler.gpu_capacity import sharing_capacity
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.provider import InstanceListing, NodeClaimNotFoundError, launch_choice, quantities
 from kubegpu.autoscaler.state import is_true, with_condition
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling import parse_quantity
+from kubegpu.sharing.capacity import sharing_of
+from kubegpu.sharing.names import GPU_RESOURCE
 from kubegpu.sim.strategies import (
     BaseStrategy,
     Exclusive,
@@ -33,7 +37,6 @@ from kubegpu.sim.strategies import (
     NodeSetup,
     StaticMig,
     TimeSlicing,
-    register_strategy,
 )
 
 if TYPE_CHECKING:
@@ -50,7 +53,7 @@ PODS_PER_NODE = 110.0
 def group_instance_type(group: NodeGroup) -> InstanceType:
     """A scenario node group as an instance type: its shape, its GPUs and its price (on-demand, one zone)."""
     capacity = {"cpu": float(group.cpu), "memory": parse_quantity(group.memory), "pods": PODS_PER_NODE,
-                "nvidia.com/gpu": float(group.gpus_per_node)}
+                GPU_RESOURCE: float(group.gpus_per_node)}
     return InstanceType(group.name, "amd64", ("linux",), capacity,
                         (Offering(SIM_ZONE, "on-demand", group.price_per_hour),), gpu_model=group.gpu_model,
                         overhead={})
@@ -111,6 +114,18 @@ class EngineProvider(InstanceListing):
         except KubegpuError as exc:
             raise NodeClaimNotFoundError(str(exc)) from None
 
+    def reclaimed(self) -> builtins.list[str]:
+        """Provider IDs whose simulator node is gone without our asking (a spot interruption), forgotten here: the
+        instance no longer exists, as the cloud would answer."""
+        alive = {view.name for view in self.sim.nodes()}
+        gone = [pid for pid, name in self.instances.items() if name not in alive]
+        for pid in gone:
+            name = self.instances.pop(pid)
+            self._ready.discard(name)
+            with contextlib.suppress(KubegpuError):  # the Node object goes with its instance, finalizer or not
+                self.sim.cluster.patch("Node", name, {"metadata": {"finalizers": None}})
+        return gone
+
     def get(self, provider_id: str) -> dict[str, Any]:
         name = self.instances.get(provider_id)
         if name is None:
@@ -148,6 +163,7 @@ class AutoscalerStrategy(BaseStrategy):
         super().__init__(name)
         self.delegate, self.labels, self.annotations = _sharing(argument)
         self.autoscaler: Autoscaler | None = None
+        self.provider: EngineProvider | None = None
         self.timeline: list[tuple[float, int, float]] = []   # (time, nodes, $/h)
         self.last_pass = float("-inf")
 
@@ -174,12 +190,13 @@ class AutoscalerStrategy(BaseStrategy):
             self.delegate.node_setup(group, get_model(group.gpu_model), backend.devices())
         pool = self.nodepool()
         sim.cluster.create(pool.model_dump(mode="json", exclude_none=True))
-        provider = EngineProvider(sim, [group_instance_type(g) for g in sim.node_groups])
-        self.autoscaler = Autoscaler(sim.cluster, provider, sim.clock, Options(evict_pods=False))
+        self.provider = EngineProvider(sim, [group_instance_type(g) for g in sim.node_groups])
+        self.autoscaler = Autoscaler(sim.cluster, self.provider, sim.clock, Options(evict_pods=False))
 
     def on_tick(self, sim: SimControl) -> None:
         if self.autoscaler is None:
             return
+        self._forget_interrupted(sim)
         now = sim.clock.now()
         if now - self.last_pass >= self.idle_pass_interval or self._busy(sim):
             self.autoscaler.step()
@@ -188,6 +205,17 @@ class AutoscalerStrategy(BaseStrategy):
         views = sim.nodes()
         self.timeline.append((sim.clock.now(), len(views), sum(prices.get(v.group, 0.0) for v in views)))
 
+
+    def _forget_interrupted(self, sim: SimControl) -> None:
+        """Karpenter's interruption controller: a NodeClaim whose instance the cloud reclaimed is deleted, so the
+        termination controller finishes it and the provisioner buys a replacement for the evicted pods."""
+        gone = set(self.provider.reclaimed()) if self.provider is not None else set()
+        if not gone:
+            return
+        for claim in sim.cluster.list("NodeClaim"):
+            if (claim.get("status") or {}).get("providerID") in gone:
+                with contextlib.suppress(KubegpuError):
+                    sim.cluster.delete("NodeClaim", claim["metadata"]["name"])
 
     @staticmethod
     def _busy(sim: SimControl) -> bool:
@@ -198,5 +226,6 @@ class AutoscalerStrategy(BaseStrategy):
                        for claim in sim.cluster.list("NodeClaim"))
 
 
-register_strategy("autoscaler", lambda argument: AutoscalerStrategy(f"autoscaler:{argument or 'exclusive'}",
-                                                                    argument))
+def autoscaler(argument: str | None) -> AutoscalerStrategy:
+    """The `autoscaler[:sharing]` strategy (the `kubegpu.sim.strategies` entry point in pyproject.toml)."""
+    return AutoscalerStrategy(f"autoscaler:{argument or 'exclusive'}", argument)

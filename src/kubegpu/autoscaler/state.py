@@ -11,6 +11,7 @@ from typing import Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.kube import format_timestamp, parse_timestamp
+from kubegpu.scheduling import is_finished
 
 CREATED_AT_ANNOTATION = "kubegpu.io/created-at"
 LAST_POD_EVENT_ANNOTATION = "kubegpu.io/last-pod-event"
@@ -69,10 +70,6 @@ def is_daemon_pod(pod: Mapping[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in owners)
 
 
-def is_terminal(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 def is_mirror(pod: Mapping[str, Any]) -> bool:
     return "kubernetes.io/config.mirror" in ((pod.get("metadata") or {}).get("annotations") or {})
 
@@ -80,7 +77,7 @@ def is_mirror(pod: Mapping[str, Any]) -> bool:
 def is_reschedulable(pod: Mapping[str, Any]) -> bool:
     """Pods that must move when their node goes: not daemonset, mirror, finished or already deleting."""
     meta = pod.get("metadata") or {}
-    return not (is_daemon_pod(pod) or is_mirror(pod) or is_terminal(pod) or meta.get("deletionTimestamp"))
+    return not (is_daemon_pod(pod) or is_mirror(pod) or is_finished(pod) or meta.get("deletionTimestamp"))
 
 
 def is_provisionable(pod: Mapping[str, Any]) -> bool:
@@ -98,7 +95,7 @@ def pods_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any
     out: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if node and not is_terminal(pod):
+        if node and not is_finished(pod):
             out.setdefault(node, []).append(pod)
     return out
 

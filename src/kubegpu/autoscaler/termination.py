@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import parse_duration
 from kubegpu.autoscaler.provider import NodeClaimNotFoundError
-from kubegpu.autoscaler.state import drain_group, is_terminal, name_of
+from kubegpu.autoscaler.state import drain_group, name_of
 from kubegpu.errors import KubegpuError
+from kubegpu.scheduling import is_finished
 
 if TYPE_CHECKING:
-    from kubegpu.autoscaler.metrics import AutoscalerMetrics
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+    from kubegpu.metrics import AutoscalerMetrics
 
 
 def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -59,7 +60,7 @@ def disruptions_allowed(pdb: Mapping[str, Any], pods: Sequence[Mapping[str, Any]
     if "disruptionsAllowed" in status:
         return int(status["disruptionsAllowed"])
     spec = pdb.get("spec") or {}
-    selected = [p for p in pods if not is_terminal(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
+    selected = [p for p in pods if not is_finished(p) and not (p.get("metadata") or {}).get("deletionTimestamp")
                 and matching_pdbs(p, [pdb])]
     healthy = sum(1 for p in selected if (p.get("status") or {}).get("phase") == "Running" or
                   (p.get("spec") or {}).get("nodeName"))
@@ -145,7 +146,7 @@ class Termination:
         if not self.evict_pods:
             return True
         on_node = [p for p in pods if node_name and (p.get("spec") or {}).get("nodeName") == node_name
-                   and not is_terminal(p)]
+                   and not is_finished(p)]
         if not on_node:
             return True
         grace = parse_duration((claim.get("spec") or {}).get("terminationGracePeriod") or "Never") \

@@ -14,13 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from kubegpu.errors import ConfigError
+from kubegpu.files import load_yaml_file, parse_yaml_text
 
 __all__ = [
     "ConfigKind",
@@ -39,62 +38,8 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- YAML loading
-
-
-_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
-
-
-class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
-    """A SafeLoader that refuses duplicate keys: PyYAML keeps the last one silently, which hides typos."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    mapping: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a scalar", key_node.start_mark
-            ) from None
-        if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        mapping[key] = loader.construct_object(value_node, deep=deep)  # type: ignore[no-untyped-call]
-    return mapping
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def parse_yaml_text(text: str, source: str) -> object:
-    """Parse YAML (or JSON, a subset) text; a syntax error names the file, line and column in one line."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
-
-
-def load_yaml_file(path: Path | str) -> object:
-    """Read and parse one YAML/JSON file; unreadable or non-UTF-8 files are one-line ConfigErrors too."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    return parse_yaml_text(text, source)
+# The bounded, safe readers live in kubegpu.files (the one input layer); they are re-exported here because every
+# config kind imports them from kubegpu.config.
 
 
 # ---------------------------------------------------------------------------------------------- error lines
@@ -111,6 +56,31 @@ _EXPECTED_BY_TYPE = {
     "string_type": "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
     "model_attributes_type": "a mapping", "float_type": "a number", "tuple_type": "a list",
 }
+
+
+_PYDANTIC_TAGS = ("function-", "literal[", "union[", "tagged-union[", "nullable[", "list[", "dict[", "json-or-python[")
+_PYDANTIC_TYPES = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """pydantic's error location as the field path a user wrote: `("spec", "limits", "cpu")` → `spec.limits.cpu`,
+    list indexes as `[i]`, pydantic's own validator and union tags (`function-after[...]`, `str`, `literal[...]`)
+    left out. One helper for every CR and file model, so a path reads the same whichever component reports it."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in _PYDANTIC_TYPES and not part.startswith(_PYDANTIC_TAGS):
+            path += f".{part}" if path else part
+    return path
+
+
+def model_error_message(exc: ValidationError) -> str:
+    """The first pydantic error as `field.path: what` (later errors are usually consequences of the first)."""
+    first = exc.errors()[0]
+    message = str(first["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    path = field_path(tuple(p for p in first["loc"] if isinstance(p, int | str)))
+    return f"{path}: {message}" if path else message
 
 
 def format_location(loc: Sequence[int | str]) -> str:
@@ -184,7 +154,7 @@ def validation_error_line(exc: ValidationError, source: str, prefix: Sequence[in
 class StrictModel(BaseModel):
     """Common settings: NVIDIA's key names, unknown keys rejected, no lax coercion ("1" is not a number)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

@@ -11,23 +11,20 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kubegpu.deviceplugin.resources import AnnotatedDevice
 from kubegpu.errors import KubegpuError
 from kubegpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from kubegpu.sharing.cdi import CDI_KIND, CONTROL_DEVICES, device_nodes
+from kubegpu.sharing.devices import AnnotatedDevice
+from kubegpu.sharing.names import SharingKind
+
+__all__ = ["CDI_KIND", "CONTROL_DEVICES", "AllocateOptions", "AllocationError", "allocate", "allocate_container",
+           "device_nodes"]
 
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 MPS_CONTAINER_ROOT = "/mps"
-MIG_CAPS_DIR = "/dev/nvidia-caps"
-# The driver's MIG capability minors are a fixed table (/proc/driver/nvidia-caps/mig-minors): `config` 1, `monitor` 2,
-# then per GPU minor 15 GPU instances, each with its own access node followed by one per compute instance 0-7.
-_FIRST_MIG_MINOR, _MINORS_PER_GI, _GIS_PER_GPU = 3, 9, 15
-# NVIDIA's vendor/class: not `nvidia.com/gpu`, the toolkit's own spec (`nvidia-ctk cdi generate`) already defines
-# `nvidia.com/gpu=<uuid>`, and a runtime refuses a device name that two spec files define.
-CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
 class AllocationError(KubegpuError):
@@ -75,28 +72,6 @@ def _annotation_key(prefix: str, physical_ids: Sequence[str]) -> str:
     """NVIDIA keys the annotation by a random response id; a digest of the IDs is as unique and reproducible."""
     digest = hashlib.sha256(",".join(physical_ids).encode()).hexdigest()[:16]
     return f"{prefix}nvidia-device-plugin_{digest}"
-
-
-def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
-    """`nvidia-cap<N>` minors that grant GPU instance `gi_id` and its compute instance `ci_id` of /dev/nvidia<minor>."""
-    gi_minor = _FIRST_MIG_MINOR + (gpu_minor * _GIS_PER_GPU + gi_id) * _MINORS_PER_GI
-    return gi_minor, gi_minor + 1 + ci_id
-
-
-def gpu_minor(device: AnnotatedDevice) -> int:
-    """The N of the GPU's /dev/nvidia<N>: the driver's minor number when the backend reported one, else the index.
-    They differ on hosts whose PCI probe order is not NVML's order, and the wrong node hands over the wrong GPU."""
-    return device.minor if device.minor >= 0 else device.gpu_index
-
-
-def device_nodes(device: AnnotatedDevice) -> list[str]:
-    """The GPU's /dev/nvidia<minor>; a MIG device also needs its two capability nodes, or CUDA cannot open it."""
-    minor = gpu_minor(device)
-    nodes = [f"/dev/nvidia{minor}"]
-    if device.mig is not None:
-        caps = mig_cap_minors(minor, device.mig.gi_id, device.mig.ci_id)
-        nodes.extend(f"{MIG_CAPS_DIR}/nvidia-cap{cap}" for cap in caps)
-    return nodes
 
 
 def _device_specs(devices: Sequence[AnnotatedDevice], options: AllocateOptions) -> list[pb.DeviceSpec]:
@@ -154,7 +129,7 @@ def allocate_container(
         response.cdi_devices.extend(pb.CDIDevice(name=cdi_name(options.cdi_kind, pid)) for pid in physical_ids)
     if options.pass_device_specs:
         response.devices.extend(_device_specs(devices, options))
-    if any(d.sharing == "mps" for d in devices):
+    if any(d.sharing == SharingKind.MPS for d in devices):
         envs, mounts = _mps_parts(resource, devices, options)
         response.envs.update(envs)
         response.mounts.extend(mounts)

@@ -16,6 +16,8 @@ from typing import Any
 import typer
 
 from kubegpu.errors import KubegpuError
+from kubegpu.gpu.options import gpu_backend_option
+from kubegpu.httpserver import parse_listen_address
 
 log = logging.getLogger("kubegpu.deviceplugin")
 
@@ -43,13 +45,6 @@ def _kubelet_paths(kubelet_socket: str | None, plugin_dir: Path | None) -> tuple
         given = f"--kubelet-socket {raw!r}: its directory" if socket and not plugin_dir else "--device-plugin-dir"
         raise KubegpuError(f"{given} {directory}: not a directory")
     return socket, directory
-
-
-def _parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise KubegpuError(f"--metrics-address {address!r}: expected HOST:PORT")
-    return host or "0.0.0.0", int(port)
 
 
 async def _wait_forever(reason: str) -> None:
@@ -108,22 +103,22 @@ async def _serve(options: dict[str, Any]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, manager.request_reload)  # handled once the run loop is up
-    metrics = _parse_address(options["metrics_address"]) if options["metrics_address"] else None
+    metrics = options["metrics_address"] or None
+    if metrics is not None:
+        parse_listen_address(metrics, "--metrics-address")  # a bad address fails before any socket is made
     try:
         await manager.start()
     except BaseException:
         await manager.stop()  # never leave half of our sockets behind
         raise
     if metrics is not None:
-        from prometheus_client import start_http_server
-
-        from kubegpu.deviceplugin.metrics import health_registry
+        from kubegpu.metrics import health_registry, serve_metrics
 
         try:
-            start_http_server(metrics[1], addr=metrics[0], registry=health_registry(manager.health_snapshot))
-        except OSError as exc:
+            serve_metrics(metrics, health_registry(manager.health_snapshot))
+        except KubegpuError:
             await manager.stop()
-            raise KubegpuError(f"--metrics-address {options['metrics_address']}: {exc.strerror or exc}") from None
+            raise
     log.info("serving %s", ", ".join(f"{r}={len(d)}" for r, d in manager.listing.items()) or "no devices")
     await manager.run(stop)
     log.info("stopped; sockets removed")
@@ -143,7 +138,7 @@ def register(app: typer.Typer) -> None:
     @app.command("device-plugin")
     def device_plugin(
         config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
-        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml | sim:PATH"),
+        gpu_backend: str = gpu_backend_option(),
         kubelet_socket: str | None = typer.Option(
             None, "--kubelet-socket", help="kubelet registration socket ('' = do not register); env KUBELET_SOCKET"
         ),
@@ -198,7 +193,7 @@ def register(app: typer.Typer) -> None:
     @app.command("mps-control-daemon")
     def mps_control_daemon(
         config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
-        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml | sim:PATH"),
+        gpu_backend: str = gpu_backend_option(),
         mps_root: str | None = typer.Option(None, "--mps-root"),
         oneshot: bool = typer.Option(False, "--oneshot", help="configure, record and exit instead of waiting"),
         log_level: str = typer.Option("info", "--log-level"),

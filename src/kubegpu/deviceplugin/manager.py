@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -24,17 +23,18 @@ from typing import Any
 
 from kubegpu.clock import Clock, RealClock
 from kubegpu.deviceplugin.allocate import CONTROL_DEVICES, AllocateOptions
-from kubegpu.deviceplugin.cdi import cdi_spec, write_cdi_spec
 from kubegpu.deviceplugin.health import HealthPolicy, HealthTracker
 from kubegpu.deviceplugin.preferred import PairScore, link_pair_score, numa_pair_score
-from kubegpu.deviceplugin.resources import (
+from kubegpu.deviceplugin.server import ResourceServer, ServingState, register, socket_name, unhealthy_ids
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.sharing.cdi import cdi_spec, write_cdi_spec
+from kubegpu.sharing.devices import (
     AnnotatedDevice,
     config_dict,
     devices_by_resource,
     sharing_spec,
 )
-from kubegpu.deviceplugin.server import ResourceServer, ServingState, register, socket_name, unhealthy_ids
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.sharing.mps import read_slices
 
 log = logging.getLogger("kubegpu.deviceplugin")
 
@@ -100,22 +100,6 @@ def topology_pair_score(backend: Any) -> PairScore:
     return numa_pair_score
 
 
-def read_mps_slices(path: Path) -> dict[int, list[int]]:
-    """The partition agent's `{"<gpu index>": [<GiB>, ...]}` file; a missing file means no slices."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read MPS slices: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected an object {{gpu index: [GiB, ...]}}")
-    try:
-        return {int(k): [int(x) for x in v] for k, v in data.items()}
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: expected an object {{gpu index: [GiB, ...]}}") from None
-
-
 @dataclass
 class _Snapshot:
     """What was last read from the backend, so a relist only pushes a change."""
@@ -168,7 +152,7 @@ class DevicePluginManager:
         slices = self._snapshot.slices
         if self.settings.mps_slices_file is not None:
             try:
-                slices = read_mps_slices(self.settings.mps_slices_file)
+                slices = read_slices(self.settings.mps_slices_file)
             except ConfigError as exc:
                 log.error("%s (keeping the previous slices)", exc)
         return _Snapshot(gpus, mig, slices)

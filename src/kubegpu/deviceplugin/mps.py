@@ -1,9 +1,8 @@
 """The MPS control-daemon side: one `nvidia-cuda-mps-control` per MPS-shared resource, with default limits.
 
-`mps_plans` (pure) works out, from the same resource accounting the plugin serves, which daemons to run and the
-control commands NVIDIA's daemon sends (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit`).
-`MpsControl` (adapter) runs them when the binary exists, and always records the limits in a JSON file, which is
-all the sim backend can do.
+`kubegpu.sharing.mps.mps_plans` (pure) works out which daemons to run and the control commands NVIDIA's daemon
+sends (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit`). `MpsControl` (adapter) runs
+them when the binary exists, and always records the limits in a JSON file, which is all the sim backend can do.
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from kubegpu.deviceplugin.resources import AnnotatedDevice, config_dict, devices_by_resource
 from kubegpu.errors import KubegpuError
+from kubegpu.files import write_durable
+from kubegpu.sharing.mps import MpsPlan, limits_document, plans_for
 
 log = logging.getLogger("kubegpu.mps")
 
@@ -27,67 +25,8 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 LIMITS_FILE = "kubegpu-mps-limits.json"
 
 
-@dataclass(frozen=True)
-class GpuLimits:
-    gpu_index: int
-    gpu_uuid: str
-    replicas: int
-    pinned_memory_mib: int
-    active_thread_percentage: int
-
-
-@dataclass(frozen=True)
-class MpsPlan:
-    """One control daemon: its directories and the commands that set its defaults."""
-
-    resource: str
-    pipe_dir: str
-    log_dir: str
-    gpus: tuple[GpuLimits, ...] = field(default_factory=tuple)
-
-    @property
-    def commands(self) -> list[str]:
-        threads = min((g.active_thread_percentage for g in self.gpus), default=100)
-        out = [f"set_default_active_thread_percentage {threads}"]
-        out.extend(f"set_default_device_pinned_mem_limit {g.gpu_index} {g.pinned_memory_mib}M" for g in self.gpus)
-        return out
-
-
-def mps_plans(listing: Mapping[str, Sequence[AnnotatedDevice]], mps_root: str) -> list[MpsPlan]:
-    """A daemon for every resource whose devices are MPS replicas or slices; limits per physical GPU."""
-    plans = []
-    for resource, devices in sorted(listing.items()):
-        per_gpu: dict[int, GpuLimits] = {}
-        for d in devices:
-            if d.sharing != "mps" or d.gpu_index in per_gpu:
-                continue
-            per_gpu[d.gpu_index] = GpuLimits(
-                d.gpu_index, d.gpu_uuid, d.replicas, int(d.mps_memory_mib or 0), int(d.mps_thread_percentage or 100)
-            )
-        if per_gpu:
-            base = f"{mps_root.rstrip('/')}/{resource}"
-            plans.append(MpsPlan(resource, f"{base}/pipe", f"{base}/log", tuple(per_gpu[i] for i in sorted(per_gpu))))
-    return plans
-
-
-def plans_for(gpus: Sequence[Any], mig: Mapping[int, Sequence[Any]], config: object) -> list[MpsPlan]:
-    data = config_dict(config)
-    mps_root = str((data.get("flags") or {}).get("mpsRoot") or "/run/nvidia/mps")
-    return mps_plans(devices_by_resource(gpus, mig, data), mps_root)
-
-
 def find_mps_control() -> str | None:
     return shutil.which(MPS_CONTROL)
-
-
-def limits_document(plans: Sequence[MpsPlan]) -> dict[str, Any]:
-    return {
-        "daemons": [
-            {"resource": p.resource, "pipeDirectory": p.pipe_dir, "logDirectory": p.log_dir, "commands": p.commands,
-             "gpus": [asdict(g) for g in p.gpus]}
-            for p in plans
-        ]
-    }
 
 
 class MpsControl:
@@ -102,9 +41,7 @@ class MpsControl:
         path = self.mps_root / LIMITS_FILE
         try:
             self.mps_root.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(limits_document(plans), indent=2))
-            os.replace(tmp, path)
+            write_durable(path, json.dumps(limits_document(plans), indent=2))  # unique temp: writers never race
         except OSError as exc:
             raise KubegpuError(f"{path}: cannot record MPS limits: {exc.strerror or exc}") from None
         return path
@@ -144,3 +81,6 @@ class MpsControl:
             except KubegpuError as exc:
                 log.error("%s", exc)
         (self.mps_root / ".ready").unlink(missing_ok=True)
+
+
+__all__ = ["MpsControl", "MpsPlan", "find_mps_control", "plans_for"]

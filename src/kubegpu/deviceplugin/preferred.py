@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from itertools import combinations
 
-from kubegpu.deviceplugin.resources import AnnotatedDevice
 from kubegpu.errors import KubegpuError
+from kubegpu.sharing.devices import AnnotatedDevice
 
 SHARED_POLICIES = ("distributed", "packed")
 CROSS_CPU, SAME_CPU, SINGLE_SWITCH, NVLINK = 10, 20, 50, 100

@@ -18,10 +18,11 @@ import grpc
 
 from kubegpu.deviceplugin.allocate import AllocateOptions, AllocationError, allocate
 from kubegpu.deviceplugin.preferred import PairScore, PreferenceError, numa_pair_score, preferred_allocation
-from kubegpu.deviceplugin.resources import AnnotatedDevice
 from kubegpu.errors import KubegpuError
+from kubegpu.files import owner_only_files, restrict_socket
 from kubegpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from kubegpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from kubegpu.sharing.devices import AnnotatedDevice
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,12 @@ class ResourceServer:
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
+            with owner_only_files():  # the socket is born 0600: only root (the kubelet) may connect
+                server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as exc:
             raise KubegpuError(f"{self.socket_path}: cannot listen: {exc}") from None
         await server.start()
+        restrict_socket(self.socket_path)
         self._server = server
 
     async def stop(self, grace: float = 0.2) -> None:

@@ -8,9 +8,7 @@ atomically and removed on exit; or the Node's labels through the Cluster interfa
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kubegpu.discovery.labels import compute_labels, format_features_file, node_label_patch
 from kubegpu.errors import KubegpuError
+from kubegpu.files import write_durable
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuBackend
@@ -56,21 +55,14 @@ class FeatureFileSink:
         self.path = Path(path)
 
     def write(self, labels: dict[str, str]) -> None:
-        directory = self.path.parent
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise KubegpuError(f"output file {self.path}: cannot write: {exc.strerror or exc}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(format_features_file(labels))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        try:  # the hidden temp (`.name.*.tmp`) is skipped by NFD; fsync + rename make the file whole or absent
+            write_durable(self.path, format_features_file(labels), mode=0o644)
+        except KubegpuError as exc:
+            raise KubegpuError(f"output file {exc}") from None
 
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):

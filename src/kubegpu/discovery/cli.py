@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.gpu.options import gpu_backend_option
+from kubegpu.gpu.xid import DEFAULT_QUIET_PERIOD_S
 
 if TYPE_CHECKING:
     from kubegpu.config.deviceplugin import DevicePluginConfig
@@ -40,8 +42,7 @@ def sleep_interval_seconds(text: str) -> float | None:
 def register(app: typer.Typer) -> None:
     @app.command("discover", help=DISCOVER_HELP)
     def discover(
-        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND",
-                                        help="'nvml' or 'sim:PATH'"),
+        gpu_backend: str = gpu_backend_option(),
         config_file: Path | None = typer.Option(None, "--config", "--config-file",
                                                 help="device plugin config (NVIDIA v1); env CONFIG_FILE"),
         mig_strategy: str | None = typer.Option(None, "--mig-strategy", help="none|single|mixed; env MIG_STRATEGY"),
@@ -56,6 +57,9 @@ def register(app: typer.Typer) -> None:
                                                      help="DMI product name file; GFD_MACHINE_TYPE_FILE"),
         node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="this node's name"),
         kubernetes: bool = typer.Option(False, "--kubernetes", help="patch the Node's labels instead of a file"),
+        health_quiet_period: float = typer.Option(
+            DEFAULT_QUIET_PERIOD_S, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD", min=0.0,
+            help="with --kubernetes: seconds without a critical XID before AcceleratedHardwareReady is True again"),
     ) -> None:
         from kubegpu.config.deviceplugin import effective_device_plugin_config
 
@@ -71,7 +75,8 @@ def register(app: typer.Typer) -> None:
         if kubernetes and not node_name:
             raise KubegpuError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
         source = str(config_file or os.environ.get("CONFIG_FILE") or "config")
-        _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None, source)
+        _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None, source,
+             health_quiet_period)
 
 
 def _run(
@@ -81,9 +86,11 @@ def _run(
     interval: float | None,
     node_name: str | None,
     source: str = "config",
+    health_quiet_period: float = DEFAULT_QUIET_PERIOD_S,
 ) -> None:
     """The agent: where the labels go and when come from the first config; each pass re-reads the file, so an
-    edited config (sharing, MIG strategy) is labelled at the next pass without a restart; SIGHUP is harmless."""
+    edited config (sharing, MIG strategy) is labelled at the next pass without a restart; SIGHUP is harmless.
+    On a Node (--kubernetes) each pass also brings the `AcceleratedHardwareReady` condition up to date."""
     from kubegpu.clock import RealClock
     from kubegpu.config.deviceplugin import check_mps_against_gpus
     from kubegpu.discovery.agent import (
@@ -95,22 +102,27 @@ def _run(
         read_machine_type,
         run_discovery,
     )
+    from kubegpu.discovery.health import CONDITION_TYPE as CONDITION
+    from kubegpu.discovery.health import NodeConditionReporter
     from kubegpu.gpu.backend import open_backend
 
     gfd = config.flags.gfd
     backend = open_backend(backend_spec)
+    clock = RealClock()
     sink: LabelSink
+    reporter: NodeConditionReporter | None = None
     if node_name:
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
 
-        sink = NodeLabelSink(LightkubeCluster(), node_name)
+        cluster = LightkubeCluster()
+        sink = NodeLabelSink(cluster, node_name)
+        reporter = NodeConditionReporter(cluster, node_name, backend, clock, health_quiet_period)
         target = f"node {node_name}"
     elif gfd.output_file == "-":
         sink, target = StdoutSink(), "standard output"
     else:
         sink = FeatureFileSink(gfd.output_file)
         target = gfd.output_file
-    clock = RealClock()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -121,7 +133,13 @@ def _run(
         current = first.pop() if first else load_config()
         check_mps_against_gpus(current, backend.devices(), source)  # GFD refuses MPS with MIG, as the plugin does
         machine = read_machine_type(gfd.machine_type_file)
-        return discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
+        labels = discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
+        if reporter is not None:
+            try:  # labels matter more than the condition: a missing nodes/status grant must not stop labelling
+                reporter.report()
+            except KubegpuError as exc:
+                typer.echo(f"warning: {CONDITION} condition not updated: {exc}", err=True)
+        return labels
 
     try:
         passes = run_discovery(read_labels, sink, stop, interval, gfd.oneshot,

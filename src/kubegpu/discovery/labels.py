@@ -4,7 +4,7 @@ Pure: the caller reads the driver, the DMI machine name and the clock; this modu
 `{label: value}`. The simulator labels its virtual nodes with the same function, so a scheduling rule written
 against `nvidia.com/gpu.product` behaves the same in a simulation and on a real node.
 
-Counts and replicas come from `kubegpu.deviceplugin.resources.devices_by_resource`, the same accounting the device
+Counts and replicas come from `kubegpu.sharing.devices.devices_by_resource`, the same accounting the device
 plugin advertises, so `nvidia.com/mig-1g.10gb.count` can never disagree with the `nvidia.com/mig-1g.10gb` capacity.
 Rules and names: reference/kubelet-device-plugin.md §3 (sharing labels) and §4 (every GFD label).
 """
@@ -16,15 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kubegpu.deviceplugin.resources import (
+from kubegpu.errors import ConfigError
+from kubegpu.gpu.catalog import MigProfile, find_model, gfd_family
+from kubegpu.sharing.devices import (
     AnnotatedDevice,
     config_dict,
     devices_by_resource,
     mig_strategy,
     sharing_spec,
 )
-from kubegpu.errors import ConfigError
-from kubegpu.gpu.catalog import MigProfile, find_model, gfd_family
+from kubegpu.sharing.names import GPU_RESOURCE, SharingKind
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuDevice, MigDevice
@@ -138,7 +139,7 @@ class Sharing:
     """What GFD reports about one resource's sharing: replicas per device, strategy, and whether it was renamed."""
 
     replicas: int
-    strategy: str
+    strategy: SharingKind
     renamed: bool
 
     @property
@@ -147,11 +148,12 @@ class Sharing:
 
     @property
     def label_strategy(self) -> str:
-        return self.strategy if self.shared else "none"
+        """The label value as a plain string (labels are dumped as YAML too, which knows no enums)."""
+        return (self.strategy if self.shared else SharingKind.WHOLE).value
 
 
-NO_SHARING = Sharing(replicas=1, strategy="none", renamed=False)
-SHARING_DISABLED = Sharing(replicas=0, strategy="none", renamed=False)  # GFD's quirk for MIG-enabled GPUs
+NO_SHARING = Sharing(replicas=1, strategy=SharingKind.WHOLE, renamed=False)
+SHARING_DISABLED = Sharing(replicas=0, strategy=SharingKind.WHOLE, renamed=False)  # GFD's quirk for MIG-enabled GPUs
 
 
 def base_labels(prefix: str, count: int, sharing: Sharing, product_parts: Sequence[str]) -> dict[str, str]:
@@ -235,9 +237,9 @@ def full_gpu_labels(gpus: Sequence[GpuDevice], advertised: _Advertised, without_
     if not without_sharing:
         whole = [d for devices in advertised.groups.values() for d in devices if d.mig is None]
         sharing = _sharing_of(whole, advertised.base_resource)
-    labels = base_labels("nvidia.com/gpu", len(gpus), sharing, [first.product_name])
+    labels = base_labels(GPU_RESOURCE, len(gpus), sharing, [first.product_name])
     labels["nvidia.com/gpu.memory"] = str(first.memory_mib)
-    labels.update(architecture_labels("nvidia.com/gpu", first.compute_capability))
+    labels.update(architecture_labels(GPU_RESOURCE, first.compute_capability))
     return labels
 
 
@@ -278,8 +280,8 @@ def single_mig_labels(
     advertised = _advertised(gpus, mig, data)
     migs = [d for group in advertised.groups.values() for d in group if d.mig is not None]
     sharing = _sharing_of(migs, advertised.base_resource)
-    labels = base_labels("nvidia.com/gpu", len(devices), sharing, [first.product_name, "MIG", devices[0].profile_name])
-    labels.update(mig_attribute_labels("nvidia.com/gpu", devices[0], _profile_of(first, devices[0])))
+    labels = base_labels(GPU_RESOURCE, len(devices), sharing, [first.product_name, "MIG", devices[0].profile_name])
+    labels.update(mig_attribute_labels(GPU_RESOURCE, devices[0], _profile_of(first, devices[0])))
     return labels
 
 
@@ -323,7 +325,7 @@ def compute_labels(
     labels["nvidia.com/mig.capable"] = _bool(any(g.mig_capable for g in gpus))
     if strategy in ("single", "mixed"):
         labels["nvidia.com/mig.strategy"] = strategy
-    labels["nvidia.com/mps.capable"] = _bool(sharing_spec(data).strategy == "mps" and not any_mig_enabled)
+    labels["nvidia.com/mps.capable"] = _bool(sharing_spec(data).strategy == SharingKind.MPS and not any_mig_enabled)
     labels["nvidia.com/vgpu.present"] = "false"
     return labels
 

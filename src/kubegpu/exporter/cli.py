@@ -13,10 +13,11 @@ from types import FrameType
 import typer
 
 from kubegpu.errors import ConfigError
-from kubegpu.exporter.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from kubegpu.exporter.counters import load_counters
 from kubegpu.exporter.server import Exporter, serve
 from kubegpu.gpu.backend import open_backend
+from kubegpu.gpu.options import gpu_backend_option
+from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 
 log = logging.getLogger("kubegpu.exporter")
 
@@ -32,7 +33,7 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def exporter_command(
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml or sim:PATH"),
+    gpu_backend: str = gpu_backend_option(),
     address: str = typer.Option(":9400", "--address", "-a", envvar="DCGM_EXPORTER_LISTEN", help="HOST:PORT to serve."),
     collectors: Path | None = typer.Option(
         None, "--collectors", "-f", envvar="DCGM_EXPORTER_COLLECTORS", help="Counters CSV (default: built-in set)."

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from kubegpu.exporter.attribution import EntityKey, PodInfo
 from kubegpu.exporter.counters import CounterSet
 from kubegpu.exporter.fields import FIELD_EXTRACTORS, EntityReading, label_field_value
 from kubegpu.gpu.backend import GpuBackend
+from kubegpu.sharing.attribution import EntityKey, PodInfo
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ def pod_labels(pod: PodInfo) -> dict[str, str]:
     labels = {"pod": pod.pod, "namespace": pod.namespace, "container": pod.container}
     if pod.vgpu is not None:
         labels["vgpu"] = pod.vgpu
+    if pod.claim is not None:
+        labels["claim"] = pod.claim
     return labels
 
 

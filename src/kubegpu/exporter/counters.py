@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kubegpu.errors import ConfigError
 from kubegpu.exporter.fields import KNOWN_FIELDS
+from kubegpu.files import read_text
 
 METRIC_TYPES = ("gauge", "counter", "histogram", "summary", "label")
 
@@ -80,10 +81,4 @@ def load_counters(path: Path | str | None) -> CounterSet:
     if path is None:
         return parse_counters(default_counters_text(), "default-counters.csv")
     file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read collectors file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{file}: collectors file is not UTF-8 text") from None
-    return parse_counters(text, str(file))
+    return parse_counters(read_text(file), str(file))  # bounded, UTF-8

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import Gauge, disable_created_metrics
-from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from kubegpu.exporter.attribution import PodResourcesClient, attribute
 from kubegpu.exporter.collector import SnapshotCollector, build_families, read_node
 from kubegpu.exporter.counters import CounterSet
 from kubegpu.exporter.exposition import render_text
 from kubegpu.gpu.backend import GpuBackend
+from kubegpu.httpserver import BoundedWSGIServer, serve_wsgi
+from kubegpu.sharing.attribution import PodResourcesClient, attribute
 
 log = logging.getLogger(__name__)
 
@@ -149,20 +148,10 @@ def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], li
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug(format, *args)
+def serve(exporter: Exporter, host: str, port: int) -> BoundedWSGIServer:
+    """Bind the HTTP server (port 0 picks a free one) and serve it from a daemon thread.
 
-
-class _ThreadingWSGIServerV6(ThreadingWSGIServer):
-    """For an IPv6 listen address such as `::` or `::1`."""
-
-    address_family = socket.AF_INET6
-
-
-def serve(exporter: Exporter, host: str, port: int) -> WSGIServer:
-    """Bind the HTTP server (port 0 picks a free one) and serve it from a daemon thread."""
-    server_class = _ThreadingWSGIServerV6 if ":" in host else ThreadingWSGIServer
-    server = make_server(host, port, make_app(exporter), server_class, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="exporter-http", daemon=True).start()
-    return server
+    The bounded server (kubegpu.httpserver) keeps Prometheus served under load: a real backlog, a fixed worker
+    pool, idle connections parked off the pool and timed out, GET/HEAD only.
+    """
+    return serve_wsgi(make_app(exporter), host, port, name="exporter-http")

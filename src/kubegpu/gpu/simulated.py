@@ -9,19 +9,7 @@ The rules are the hardware's: MIG devices only at legal placements (`kubegpu.gpu
 Ampere waits for a GPU reset (or reboot) while Hopper and newer switch at once, instances in use cannot be destroyed,
 MIG devices do not survive a reset or reboot.
 
-State file (JSON, `"kind": "kubegpu-sim-node"`, `"version": 1`)::
-
-    {"kind", "version", "node_name", "driver_version", "cuda_driver_version": [12, 4], "generation",
-     "gpus": [{"index", "model", "uuid", "pci_bus_id", "numa_node", "minor_number", "mig_enabled",
-               "mig_pending_enabled", "mig_serial",
-               "mig_devices": [{"gi_id", "ci_id", "profile_id", "start", "uuid", "load"}],
-               "processes": [{"pid", "gi_id", "used_memory_mib", "name"}],
-               "load": {"gpu_util", "mem_copy_util", "memory_used_mib", "temperature_c", "power_w",
-                        "energy_mj", "energy_at", "xid_last", "pcie_replay"}}],
-     "xid_events": [{"gpu_index", "xid", "timestamp", "gi_id"}]}
-
-`minor_number` (the N of /dev/nvidia<N>) is the index on a new node; edit it to model a host whose driver numbers
-device files in another order. Files written before it existed have none and read as minor = index.
+The state file format and its validation live in `kubegpu.gpu.simstate`.
 """
 
 from __future__ import annotations
@@ -29,9 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import re
-import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,6 +26,7 @@ import filelock
 
 from kubegpu.clock import Clock, RealClock
 from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
+from kubegpu.files import decode_utf8, parse_json_text, read_bytes, write_durable
 from kubegpu.gpu.backend import (
     BackendUnavailable,
     GpuBackendError,
@@ -50,192 +36,34 @@ from kubegpu.gpu.backend import (
     MigDevice,
     XidEvent,
 )
-from kubegpu.gpu.catalog import GpuModel, MigProfile, get_model
+from kubegpu.gpu.catalog import GpuModel, MigProfile
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
+from kubegpu.gpu.simstate import (
+    _IDLE_SM_CLOCK_MHZ,
+    _UUID_NAMESPACE,
+    DEFAULT_CUDA_VERSION,
+    DEFAULT_DRIVER_VERSION,
+    LOCK_TIMEOUT_S,
+    MAX_GPUS_PER_NODE,
+    MAX_XID_EVENTS,
+    NODE_FILE_LIMIT,
+    STATE_KIND,
+    STATE_VERSION,
+    State,
+    _describe,
+    _gpu,
+    _idle_load,
+    _minor_number,
+    _model,
+    check_state,
+    new_node_state,
+    parse_gpu_spec,
+)
 
-STATE_KIND = "kubegpu-sim-node"
-STATE_VERSION = 1
-DEFAULT_DRIVER_VERSION = "550.54.15"
-DEFAULT_CUDA_VERSION = (12, 4)
-MAX_XID_EVENTS = 1000  # the log is a ring: a node that keeps failing must not grow its file without bound
-LOCK_TIMEOUT_S = 30.0
-_UUID_NAMESPACE = uuid.UUID("6f1d3c1e-5a53-4b7e-9d3e-6b7567707573")
-_DGX_BUSES = ("07", "0F", "47", "4E", "87", "90", "B7", "BD")
-_IDLE_SM_CLOCK_MHZ = 210
-
-State = dict[str, Any]
-
-
-# --- pure state core ------------------------------------------------------------------------------------------------
-
-
-def parse_gpu_spec(spec: str) -> list[GpuModel]:
-    """`8xA100-SXM4-80GB` or `4xH100-SXM5-80GB,4xL4` (a bare key means one GPU) → one model per GPU."""
-    models: list[GpuModel] = []
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        match = re.fullmatch(r"(\d+)[xX](.+)", part)
-        count, key = (int(match.group(1)), match.group(2)) if match else (1, part)
-        if count < 1:
-            raise ConfigError(f"GPU spec {part!r}: the count must be at least 1")
-        models.extend([get_model(key)] * count)
-    if not models:
-        raise ConfigError(f"GPU spec {spec!r} names no GPUs; write e.g. 8xA100-SXM4-80GB or 4xH100-SXM5-80GB,4xL4")
-    return models
-
-
-def new_node_state(models: Sequence[GpuModel], node_name: str = "sim-node",
-                   driver_version: str = DEFAULT_DRIVER_VERSION,
-                   cuda_driver_version: tuple[int, int] = DEFAULT_CUDA_VERSION) -> State:
-    """A fresh node: MIG disabled everywhere, idle, no events. UUIDs derive from the node name, so runs repeat."""
-    count = len(models)
-    gpus = []
-    for index, model in enumerate(models):
-        bus = _DGX_BUSES[index] if count <= len(_DGX_BUSES) else f"{(index * 8 + 7) % 256:02X}"
-        gpus.append({
-            "index": index,
-            "model": model.key,
-            "uuid": "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{node_name}/gpu/{index}")),
-            "pci_bus_id": f"00000000:{bus}:00.0",
-            "numa_node": 0 if index < max(count // 2, 1) else 1,
-            "minor_number": index,
-            "mig_enabled": False,
-            "mig_pending_enabled": None,
-            "mig_serial": 0,
-            "mig_devices": [],
-            "processes": [],
-            "load": _idle_load(0.0),
-        })
-    return {"kind": STATE_KIND, "version": STATE_VERSION, "node_name": node_name, "driver_version": driver_version,
-            "cuda_driver_version": list(cuda_driver_version), "generation": 0, "gpus": gpus, "xid_events": []}
-
-
-def _idle_load(now: float) -> dict[str, Any]:
-    return {"gpu_util": 0.0, "mem_copy_util": 0.0, "memory_used_mib": 0, "temperature_c": None, "power_w": None,
-            "energy_mj": 0, "energy_at": now, "xid_last": 0, "pcie_replay": 0}
-
-
-FieldTypes = dict[str, type | tuple[type, ...]]
-_NUMBER = (int, float)
-_MAYBE_NUMBER = (int, float, type(None))
-_MAYBE_INT = (int, type(None))
-# The shape of the state file (see the module docstring): every field the operations read, with its JSON type, so a
-# hand-edited or truncated file is one line naming the field rather than a KeyError deep inside a command.
-_TOP_FIELDS: FieldTypes = {"node_name": str, "driver_version": str, "cuda_driver_version": list, "generation": int,
-                           "xid_events": list}
-_GPU_FIELDS: FieldTypes = {"model": str, "uuid": str, "pci_bus_id": str, "numa_node": int, "mig_enabled": bool,
-                           "mig_pending_enabled": (bool, type(None)), "mig_serial": int, "mig_devices": list,
-                           "processes": list, "load": dict}
-_OPTIONAL_GPU_FIELDS: FieldTypes = {"minor_number": int}  # absent in files written before it existed
-_LOAD_FIELDS: FieldTypes = {"gpu_util": _NUMBER, "mem_copy_util": _NUMBER, "memory_used_mib": int, "xid_last": int,
-                            "pcie_replay": int}
-_OPTIONAL_LOAD_FIELDS: FieldTypes = {"temperature_c": _MAYBE_NUMBER, "power_w": _MAYBE_NUMBER,
-                                     "energy_mj": _NUMBER, "energy_at": _NUMBER}
-_MIG_FIELDS: FieldTypes = {"gi_id": int, "ci_id": int, "profile_id": int, "start": int, "uuid": str, "load": dict}
-_MIG_LOAD_FIELDS: FieldTypes = {"gpu_util": _NUMBER, "memory_used_mib": int}
-_PROCESS_FIELDS: FieldTypes = {"pid": int, "gi_id": _MAYBE_INT, "used_memory_mib": int, "name": str}
-_XID_FIELDS: FieldTypes = {"gpu_index": int, "xid": int, "timestamp": _NUMBER, "gi_id": _MAYBE_INT}
-_JSON_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
-                    dict: "an object", type(None): "null"}
-
-
-def _check_fields(record: object, source: str, where: str, required: FieldTypes,
-                  optional: FieldTypes | None = None) -> dict[str, Any]:
-    """`record` as an object holding `required` (and, when present, `optional`) fields of the given JSON types."""
-    if not isinstance(record, dict):
-        raise ConfigError(f"{source}: {where}: must be an object")
-    for fields, needed in ((required, True), (optional or {}, False)):
-        for name, kind in fields.items():
-            if name not in record:
-                if needed:
-                    raise ConfigError(f"{source}: {where}.{name}: required field is missing")
-                continue
-            value = record[name]
-            if not _has_type(value, kind):
-                raise ConfigError(f"{source}: {where}.{name}: must be {_type_name(kind)}, got {json.dumps(value)}")
-    return record
-
-
-def _has_type(value: object, kind: type | tuple[type, ...]) -> bool:
-    """`isinstance`, except that JSON true/false is no number (Python's bool is an int)."""
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return bool in kinds if isinstance(value, bool) else isinstance(value, kinds)
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(_JSON_TYPE_NAMES[k] for k in kinds if not (k is int and float in kinds))
-
-
-def check_state(state: object, source: str) -> State:
-    """Reject anything that is not a node state, in one line naming `source` and the field at fault."""
-    if not isinstance(state, dict) or state.get("kind") != STATE_KIND:
-        raise ConfigError(f"{source}: not a kubegpu simulated node file (kind must be {STATE_KIND!r})")
-    if state.get("version") != STATE_VERSION:
-        raise ConfigError(f"{source}: version: unsupported {state.get('version')!r} (expected {STATE_VERSION})")
-    gpus = state.get("gpus")
-    if not isinstance(gpus, list):
-        raise ConfigError(f"{source}: gpus: must be a list")
-    for name, kind in _TOP_FIELDS.items():
-        if not _has_type(state.get(name), kind):
-            raise ConfigError(f"{source}: {name}: must be {_type_name(kind)}, got {json.dumps(state.get(name))}")
-    cuda = state["cuda_driver_version"]
-    if len(cuda) != 2 or not all(_has_type(part, int) for part in cuda):
-        raise ConfigError(f"{source}: cuda_driver_version: must be [major, minor], got {json.dumps(cuda)}")
-    for position, gpu in enumerate(gpus):
-        if not isinstance(gpu, dict) or gpu.get("index") != position:
-            raise ConfigError(f"{source}: gpus[{position}]: must be an object with index {position}")
-        try:
-            get_model(str(gpu.get("model")))
-        except NotFoundError as exc:
-            raise ConfigError(f"{source}: gpus[{position}].model: {exc}") from exc
-        _check_gpu(gpu, source, f"gpus[{position}]")
-    _check_minor_numbers(gpus, source)
-    for position, event in enumerate(state["xid_events"]):
-        _check_fields(event, source, f"xid_events[{position}]", _XID_FIELDS)
-    return state
-
-
-def _check_gpu(gpu: dict[str, Any], source: str, where: str) -> None:
-    _check_fields(gpu, source, where, _GPU_FIELDS, _OPTIONAL_GPU_FIELDS)
-    _check_fields(gpu["load"], source, f"{where}.load", _LOAD_FIELDS, _OPTIONAL_LOAD_FIELDS)
-    for position, record in enumerate(gpu["mig_devices"]):
-        _check_fields(record, source, f"{where}.mig_devices[{position}]", _MIG_FIELDS)
-        _check_fields(record["load"], source, f"{where}.mig_devices[{position}].load", _MIG_LOAD_FIELDS)
-    for position, process in enumerate(gpu["processes"]):
-        _check_fields(process, source, f"{where}.processes[{position}]", _PROCESS_FIELDS)
-
-
-def _minor_number(gpu: dict[str, Any]) -> int:
-    return int(gpu.get("minor_number", gpu["index"]))
-
-
-def _check_minor_numbers(gpus: list[dict[str, Any]], source: str) -> None:
-    """Two GPUs behind one /dev/nvidia<N> would hand a container the wrong GPU: refuse such a node file."""
-    owner: dict[int, int] = {}
-    for gpu in gpus:
-        minor = _minor_number(gpu)
-        where = f"{source}: gpus[{gpu['index']}].minor_number"
-        if minor < 0:
-            raise ConfigError(f"{where}: must not be negative, got {minor}")
-        if minor in owner:
-            raise ConfigError(f"{where}: {minor} is already GPU {owner[minor]}'s minor number")
-        owner[minor] = gpu["index"]
-
-
-def _gpu(state: State, index: int) -> dict[str, Any]:
-    gpus = state["gpus"]
-    if not 0 <= index < len(gpus):
-        raise GpuBackendError(f"node {state['node_name']} has no GPU {index} ({len(gpus)} GPUs)")
-    gpu: dict[str, Any] = gpus[index]
-    return gpu
-
-
-def _model(gpu: dict[str, Any]) -> GpuModel:
-    return get_model(gpu["model"])
-
-
-def _describe(gpu: dict[str, Any]) -> str:
-    return f"GPU {gpu['index']} ({_model(gpu).product_name})"
+__all__ = [
+    "DEFAULT_CUDA_VERSION", "DEFAULT_DRIVER_VERSION", "MAX_GPUS_PER_NODE", "STATE_KIND", "STATE_VERSION",
+    "SimulatedBackend", "State", "check_state", "new_node_state", "parse_gpu_spec",
+]
 
 
 def _to_device(gpu: dict[str, Any]) -> GpuDevice:
@@ -534,27 +362,18 @@ class SimulatedBackend:
     def _read(self) -> State:
         assert self._path is not None
         try:
-            text = self._path.read_text()
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot read simulated node file {self._path}: {exc.strerror}") from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{self._path}: not valid JSON: {exc.msg} at line {exc.lineno}") from exc
-        return check_state(data, str(self._path))
+            data = read_bytes(self._path, limit=NODE_FILE_LIMIT)
+        except ConfigError as exc:
+            if not self._path.exists():
+                raise BackendUnavailable(f"cannot read simulated node file {self._path}: not found") from None
+            raise ConfigError(str(exc)) from None
+        text = decode_utf8(data, str(self._path))
+        return check_state(parse_json_text(text, str(self._path)), str(self._path))
 
     def _write(self, state: State) -> None:
         assert self._path is not None
-        fd, tmp = tempfile.mkstemp(prefix=self._path.name + ".", suffix=".tmp", dir=self._path.parent)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(state, handle, indent=1)
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 would lock out agents running as other users
-            os.replace(tmp, self._path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # Atomic and durable (unique temp, fsync, rename, fsync dir); 0644 so agents running as other users can read.
+        write_durable(self._path, json.dumps(state, indent=1), mode=0o644)
 
     @contextlib.contextmanager
     def _state(self, write: bool = False) -> Iterator[State]:

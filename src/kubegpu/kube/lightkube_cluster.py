@@ -8,6 +8,9 @@ Watches are read with our own loop over lightkube's request builder and line dec
 reconnects forever and cannot stop at a deadline): each request asks the server for ``timeoutSeconds`` and reads with
 a client-side deadline, so ``timeout`` holds even against servers that ignore ``timeoutSeconds``. ``timeout=0`` reads
 for a short window (`DRAIN_WINDOW_S`) — a remote server has no local queue to drain.
+
+Every call rides out API-server faults (429, 5xx, dropped connections) with capped, jittered exponential backoff
+(`kubegpu.kube.retry.RetryPolicy`), retrying only what cannot be done twice: see that module for the rules.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import lightkube
 import yaml
-from lightkube import ALL_NS
+from lightkube import ALL_NS, KubeConfig
 from lightkube.core.exceptions import NotReadyError
 from lightkube.core.generic_client import WatchDriver
 from lightkube.core.selector import build_selector
@@ -35,10 +39,12 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from kubegpu.clock import Clock, RealClock
-from kubegpu.errors import KubegpuError
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import load_yaml_file
 from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent
-from kubegpu.kube.errors import ApiError, BadRequest, Invalid, NotFound, error_for
+from kubegpu.kube.errors import ApiError, BadRequest, Conflict, Invalid, NotFound, error_for
 from kubegpu.kube.resources import ResourceKind, resource_kind
+from kubegpu.kube.retry import RetryPolicy, is_transient
 from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
 
 DRAIN_WINDOW_S = 0.3
@@ -52,24 +58,32 @@ _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": P
 class LightkubeCluster(Cluster):
     """Cluster over lightkube; ``client=None`` reads in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
 
-    def __init__(self, client: lightkube.Client | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, client: lightkube.Client | None = None, clock: Clock | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         if client is None:
             try:
-                client = lightkube.Client()
+                client = lightkube.Client(config=_kubeconfig())
             except lightkube.ConfigError as exc:
                 raise KubegpuError(f"no Kubernetes API configuration (in-cluster or kubeconfig): {exc}") from None
+            except ConfigError as exc:  # unreadable, too large, not UTF-8, bad YAML: already names the file
+                raise KubegpuError(str(exc)) from None
             except (yaml.YAMLError, OSError, TypeError, KeyError, AttributeError, ValueError) as exc:
                 # lightkube lets a malformed kubeconfig's own parse error escape, often several lines long
                 where = os.environ.get("KUBECONFIG") or "~/.kube/config"
                 raise KubegpuError(f"kubeconfig {where}: cannot be used: {' '.join(str(exc).split())}") from None
         self.client = client
         self.clock: Clock = clock or RealClock()
+        self.retry = retry or RetryPolicy()
 
     # ------------------------------------------------------------------ reads
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         spec, resource = _resource(kind)
-        with _api_errors(f"get {kind} {name}", self.client):
-            return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
+
+        def once() -> dict[str, Any]:
+            with _api_errors(f"get {kind} {name}", self.client):
+                return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
+
+        return self.retry.call(once, is_transient)
 
     def list_with_version(
         self,
@@ -80,14 +94,19 @@ class LightkubeCluster(Cluster):
     ) -> tuple[builtins.list[dict[str, Any]], str]:
         spec, resource = _resource(kind)
         labels, fields = _selectors(kind, label_selector, field_selector)
-        with _api_errors(f"list {kind}", self.client):
-            listing = self.client.list(resource, namespace=_list_namespace(spec, namespace), labels=labels,
-                                       fields=fields)
-            items = [_as_dict(item) for item in listing]
-            try:
-                version = listing.resourceVersion
-            except NotReadyError:  # an empty first page may carry no resourceVersion
-                version = ""
+
+        def once() -> tuple[builtins.list[dict[str, Any]], str]:
+            with _api_errors(f"list {kind}", self.client):
+                listing = self.client.list(resource, namespace=_list_namespace(spec, namespace), labels=labels,
+                                           fields=fields)
+                items = [_as_dict(item) for item in listing]
+                try:
+                    version = listing.resourceVersion
+                except NotReadyError:  # an empty first page may carry no resourceVersion
+                    version = ""
+            return items, version
+
+        items, version = self.retry.call(once, is_transient)
         items.sort(key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
         return items, version
 
@@ -105,9 +124,22 @@ class LightkubeCluster(Cluster):
             metadata.pop("namespace", None)
         body["metadata"] = metadata
         name = metadata.get("name") or metadata.get("generateName", "")
-        with _api_errors(f"create {kind} {name}", self.client):
-            created = self.client.create(resource.from_dict(body), namespace=metadata.get("namespace"))
-            return _as_dict(created)
+        attempts = 0
+
+        def once() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                with _api_errors(f"create {kind} {name}", self.client):
+                    return _as_dict(self.client.create(resource.from_dict(body), namespace=metadata.get("namespace")))
+            except Conflict as exc:
+                # a retried create of a fixed name meeting AlreadyExists: the first attempt went through before its
+                # answer was lost; return that object instead of failing (or, worse, creating a second one)
+                if attempts > 1 and exc.reason == "AlreadyExists" and metadata.get("name"):
+                    return self.get(kind, str(metadata["name"]), metadata.get("namespace"))
+                raise
+
+        return self.retry.call(once, is_transient if metadata.get("name") else _rejected_unprocessed)
 
     def patch(
         self,
@@ -124,15 +156,30 @@ class LightkubeCluster(Cluster):
         if subresource not in (None, "status") or (subresource == "status" and not spec.status_subresource):
             raise NotFound(f"{kind} has no subresource {subresource!r}")
         target = resource.Status if subresource == "status" else resource
-        with _api_errors(f"patch {kind} {name}", self.client):
-            patched = self.client.patch(target, name, patch, namespace=_namespace(spec, namespace),
-                                        patch_type=_PATCH_TYPES[patch_type])
-            return _as_dict(patched)
+
+        def once() -> dict[str, Any]:
+            with _api_errors(f"patch {kind} {name}", self.client):
+                return _as_dict(self.client.patch(target, name, patch, namespace=_namespace(spec, namespace),
+                                                  patch_type=_PATCH_TYPES[patch_type]))
+
+        # merge/strategic patches land on the same object however often they are sent; a JSON patch may not
+        return self.retry.call(once, _rejected_unprocessed if patch_type == "json" else is_transient)
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         spec, resource = _resource(kind)
-        with _api_errors(f"delete {kind} {name}", self.client):
-            self.client.delete(resource, name, namespace=_namespace(spec, namespace))
+        attempts = 0
+
+        def once() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                with _api_errors(f"delete {kind} {name}", self.client):
+                    self.client.delete(resource, name, namespace=_namespace(spec, namespace))
+            except NotFound:
+                if attempts == 1:  # gone before we asked; after a lost answer, gone because of us
+                    raise
+
+        self.retry.call(once, is_transient)
 
     # ------------------------------------------------------------------ watches
     def watch(
@@ -186,6 +233,27 @@ class LightkubeCluster(Cluster):
                     return
                 finally:
                     response.close()
+
+
+def _kubeconfig() -> KubeConfig:
+    """In-cluster config, else $KUBECONFIG (its first file), else ~/.kube/config — the file read through
+    kubegpu.files (bounded, UTF-8, safe YAML), so a broken kubeconfig is one line naming it."""
+    try:
+        return KubeConfig.from_service_account()
+    except lightkube.ConfigError:
+        pass
+    first = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
+    path = Path(first or "~/.kube/config").expanduser()
+    if not path.is_file():
+        raise lightkube.ConfigError(f"Configuration file {path} not found")
+    try:
+        data = load_yaml_file(path, limit=4 * 1024 * 1024)
+    except ConfigError as exc:
+        detail = str(exc).removeprefix(str(path)).lstrip(":0123456789 ")
+        raise ConfigError(f"kubeconfig {path}: cannot be used: {detail}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"kubeconfig {path}: cannot be used: a kubeconfig must be a mapping")
+    return KubeConfig.from_dict(data, fname=path)
 
 
 def _resource(kind: str) -> tuple[ResourceKind, Any]:
@@ -272,6 +340,12 @@ def _api_errors(action: str, client: lightkube.Client) -> Iterator[None]:
             body = {}
         message = body.get("message") or f"HTTP {response.status_code}"
         raise error_for(response.status_code, f"{action}: {message}", body.get("reason")) from None
-    except httpx2.TransportError as exc:
+    except httpx2.TransportError as exc:  # 503 so the retry policy treats a dropped connection like a restart
         server = getattr(client.config.cluster, "server", "?")
-        raise KubegpuError(f"{action}: cannot reach the Kubernetes API server at {server}: {exc}") from None
+        raise ApiError(f"{action}: cannot reach the Kubernetes API server at {server}: {exc}", code=503,
+                       reason="ServiceUnavailable") from None
+
+
+def _rejected_unprocessed(exc: BaseException) -> bool:
+    """429: the server refused before doing anything, so even a non-idempotent request may be sent again."""
+    return isinstance(exc, ApiError) and exc.code == 429

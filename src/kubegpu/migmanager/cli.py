@@ -15,15 +15,16 @@ import typer
 import yaml
 
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import parse_yaml_text, write_durable
+from kubegpu.gpu.options import gpu_backend_option
 
 if TYPE_CHECKING:
     from kubegpu.config.migparted import MigPartedConfig
     from kubegpu.gpu.backend import GpuBackend
     from kubegpu.gpu.catalog import GpuModel
     from kubegpu.kube import Cluster
-    from kubegpu.migmanager.parted import NodeState
+    from kubegpu.sharing.migapply import NodeState
 
-BACKEND_HELP = "GPU backend: 'nvml' or 'sim:PATH'"
 CONFIG_FILE_HELP = "mig-parted config (version v1); without it, the default config generated from this node's GPUs"
 
 parted_app = typer.Typer(
@@ -62,12 +63,12 @@ def apply_command(
                                             help=CONFIG_FILE_HELP),
     selected: str = typer.Option(..., "-c", "--selected-config", envvar="MIG_PARTED_SELECTED_CONFIG",
                                  help="config name, e.g. all-balanced"),
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help=BACKEND_HELP),
+    gpu_backend: str = gpu_backend_option(),
     force: bool = typer.Option(False, "--force", help="destroy MIG devices even while processes use them"),
     skip_reset: bool = typer.Option(False, "--skip-reset", envvar="MIG_PARTED_SKIP_RESET",
                                     help="do not reset GPUs whose MIG mode change is pending"),
 ) -> None:
-    from kubegpu.migmanager.parted import assert_mismatches, execute, plan_apply, read_state
+    from kubegpu.sharing.migapply import assert_mismatches, execute, plan_apply, read_state
 
     backend = _open(gpu_backend)
     try:
@@ -93,9 +94,9 @@ def assert_command(
     config_file: Path | None = typer.Option(None, "-f", "--config-file", envvar="MIG_PARTED_CONFIG_FILE",
                                             help=CONFIG_FILE_HELP),
     selected: str = typer.Option(..., "-c", "--selected-config", envvar="MIG_PARTED_SELECTED_CONFIG"),
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help=BACKEND_HELP),
+    gpu_backend: str = gpu_backend_option(),
 ) -> None:
-    from kubegpu.migmanager.parted import assert_mismatches, read_state
+    from kubegpu.sharing.migapply import assert_mismatches, read_state
 
     backend = _open(gpu_backend)
     try:
@@ -111,11 +112,11 @@ def assert_command(
 
 @parted_app.command("export", help="Print the current MIG layout as a mig-parted config.")
 def export_command(
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help=BACKEND_HELP),
+    gpu_backend: str = gpu_backend_option(),
     config_name: str = typer.Option("current", "--config-name", help="name of the exported config"),
     output: Path | None = typer.Option(None, "-o", "--output", help="write to this file instead of stdout"),
 ) -> None:
-    from kubegpu.migmanager.parted import export_config, read_state
+    from kubegpu.sharing.migapply import export_config, read_state
 
     backend = _open(gpu_backend)
     try:
@@ -127,10 +128,10 @@ def export_command(
 
 @parted_app.command("generate-config", help="Print mig-parted's default config names for this node's GPUs.")
 def generate_config_command(
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help=BACKEND_HELP),
+    gpu_backend: str = gpu_backend_option(),
     output: Path | None = typer.Option(None, "-o", "--output", help="write to this file instead of stdout"),
 ) -> None:
-    from kubegpu.migmanager.parted import read_state
+    from kubegpu.sharing.migapply import read_state
 
     backend = _open(gpu_backend)
     try:
@@ -144,10 +145,7 @@ def _emit(text: str, output: Path | None) -> None:
     if output is None:
         typer.echo(text, nl=False)
         return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise KubegpuError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    write_durable(output, text)  # atomic: a kill never leaves an empty config that could then be applied
 
 
 # --------------------------------------------------------------------------------------------- mig-manager
@@ -171,10 +169,9 @@ def config_map_loader(cluster: Cluster, reference: str) -> MigPartedConfig:
     if key is None:
         raise ConfigError(f"ConfigMap {reference}: expected a 'config.yaml' key, found {sorted(data)}")
     source = f"ConfigMap {reference} key {key}"
-    try:
-        parsed = yaml.safe_load(data[key])
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data[key], str):
+        raise ConfigError(f"{source}: must be a string")
+    parsed = parse_yaml_text(data[key], source)
     return parse_mig_parted_config(parsed, source)
 
 
@@ -184,7 +181,7 @@ def register(app: typer.Typer) -> None:
     @app.command("mig-manager", help="Node agent: apply the layout named by this Node's nvidia.com/mig.config label.")
     def mig_manager(
         node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="this node's name"),
-        gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help=BACKEND_HELP),
+        gpu_backend: str = gpu_backend_option(),
         config_file: Path | None = typer.Option(None, "--config-file", envvar="CONFIG_FILE", help=CONFIG_FILE_HELP),
         config_map: str | None = typer.Option(None, "--config-map", help="read the config from ConfigMap NS/NAME"),
         with_reboot: bool = typer.Option(False, "--with-reboot", envvar="WITH_REBOOT",
@@ -201,7 +198,7 @@ def register(app: typer.Typer) -> None:
         from kubegpu.clock import RealClock
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
         from kubegpu.migmanager.manager import STATE_FAILED, MigManager
-        from kubegpu.migmanager.parted import read_state
+        from kubegpu.sharing.migapply import read_state
 
         if config_file is not None and config_map is not None:
             raise ConfigError("--config-file and --config-map are mutually exclusive")

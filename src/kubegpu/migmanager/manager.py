@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.errors import KubegpuError
-from kubegpu.migmanager.parted import (
+from kubegpu.sharing.migapply import (
     ApplyError,
     ApplyOutcome,
     InUseError,
@@ -28,6 +28,7 @@ from kubegpu.migmanager.parted import (
     plan_apply,
     read_state,
 )
+from kubegpu.sharing.names import MIG_CONFIG_LABEL
 
 if TYPE_CHECKING:
     from kubegpu.clock import Clock
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuBackend
     from kubegpu.kube import Cluster
 
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 PAUSED = "paused-for-mig-change"

@@ -9,27 +9,24 @@ Either way it then reports free/used counts, the placement of every instance and
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu.deviceplugin.manager import read_mps_slices
 from kubegpu.errors import KubegpuError, NotFoundError
-from kubegpu.exporter.attribution import ContainerDevices, attribute
 from kubegpu.gpu.backend import GpuBackend, GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.kube import Cluster, record_event
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.controller import node_mode
-from kubegpu.partitioner.planner import MPS_RESOURCE
-from kubegpu.scheduling import pod_requests
+from kubegpu.scheduling import is_finished, pod_requests
+from kubegpu.sharing.attribution import ContainerDevices, attribute
+from kubegpu.sharing.mps import read_slices, write_slices
+from kubegpu.sharing.names import mps_slice_size_of
 
 log = logging.getLogger("kubegpu.partition-agent")
 COMPONENT = "kubegpu-partition-agent"
@@ -40,20 +37,6 @@ class ApplyReport:
     created: list[str] = field(default_factory=list)  # "gpu0:2g.20gb@4"
     destroyed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # one line per GPU left unchanged, with why
-
-
-def read_slices_file(path: Path) -> dict[int, list[int]]:
-    """The MPS slices file (the device plugin's reader: a missing file means no slices, a corrupt one a ConfigError)."""
-    return read_mps_slices(path)
-
-
-def write_slices_file(path: Path, slices: Mapping[int, Sequence[int]]) -> None:
-    """Atomically, so the device plugin never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".slices-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump({str(k): list(v) for k, v in sorted(slices.items())}, handle)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -157,7 +140,7 @@ class PartitionAgent:
             self._event(node, "PartitioningRefused", line)
             return
         try:
-            current = read_slices_file(self.mps_slices_file)
+            current = read_slices(self.mps_slices_file)
         except KubegpuError as exc:
             line = f"MPS layout not applied: {exc}"
             report.refused.append(line)
@@ -181,19 +164,19 @@ class PartitionAgent:
             report.destroyed += [f"gpu{index}:{gb}gb" for gb in (before - after).elements()]
             result[index] = list(sizes)
         if result != current:
-            write_slices_file(self.mps_slices_file, result)
+            write_slices(self.mps_slices_file, result)
 
     def _mps_used(self, current: Mapping[int, Sequence[int]]) -> dict[int, Counter[int]]:
         """Slices held by pods on this node, attributed to GPUs in index order (the plugin hands them out so)."""
         held: Counter[int] = Counter()
         for pod in self.cluster.list("Pod", field_selector=f"spec.nodeName={self.node_name}"):
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if is_finished(pod):
                 continue
             if (pod.get("spec") or {}).get("nodeName") != self.node_name:
                 continue
             for resource, amount in pod_requests(pod).items():
-                if m := MPS_RESOURCE.match(resource):
-                    held[int(m.group("gb"))] += int(amount)
+                if (size := mps_slice_size_of(resource)) is not None:
+                    held[size] += int(amount)
         used: dict[int, Counter[int]] = {}
         for index, sizes in sorted(current.items()):
             for gb in sizes:
@@ -209,7 +192,7 @@ class PartitionAgent:
         slices: dict[int, list[int]] = {}
         if mode == "mps" and self.mps_slices_file:
             try:
-                slices = read_slices_file(self.mps_slices_file)
+                slices = read_slices(self.mps_slices_file)
             except KubegpuError as exc:
                 log.error("%s", exc)  # reported once per pass; the GPUs show no slices until it is fixed
         used_mps = self._mps_used(slices) if mode == "mps" else {}

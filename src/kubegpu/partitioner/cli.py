@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import time
 from pathlib import Path
 
 import typer
@@ -14,9 +13,18 @@ from rich.table import Table
 
 from kubegpu.clock import RealClock
 from kubegpu.errors import ConfigError, KubegpuError
-from kubegpu.exporter.attribution import DEFAULT_POD_RESOURCES_SOCKET
-from kubegpu.partitioner.planner import NodeInput, Plan, plan
-from kubegpu.partitioner.state import load_state, plan_to_json, planner_inputs
+from kubegpu.gpu.options import gpu_backend_option
+from kubegpu.partitioner.planner import (
+    DEFAULT_PLANNER,
+    DEFAULT_TIME_LIMIT_S,
+    NodeInput,
+    Plan,
+    check_planner,
+    plan,
+)
+from kubegpu.partitioner.state import load_state, optimality_line, plan_to_json, planner_inputs
+from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET
+from kubegpu.shutdown import stop_on_signals
 
 log = logging.getLogger("kubegpu.partitioner")
 
@@ -24,12 +32,16 @@ log = logging.getLogger("kubegpu.partitioner")
 def plan_command(
     state: Path = typer.Option(..., "--state", help="Cluster state file (YAML or JSON): nodes and pending pods."),
     output: str = typer.Option("table", "--output", "-o", help="json or table"),
+    planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
+                                     help="Seconds the exact planner may search; then its best plan."),
 ) -> None:
     """Plan MIG/MPS layouts for a cluster state offline: which pods a re-cut would make schedulable."""
     if output not in ("json", "table"):
         raise ConfigError(f"--output: must be json or table, not {output!r}")
+    check_planner(planner, time_limit, "--planner", "--time-limit")
     nodes, pods = planner_inputs(load_state(state), str(state))
-    result = plan(nodes, pods)
+    result = plan(nodes, pods, planner=planner, time_limit=time_limit)
     for node in nodes:  # reported, not fatal: the rest of the cluster is still planned
         for gpu in result.nodes[node.name].gpus:
             if gpu.error:
@@ -60,6 +72,7 @@ def _print_table(result: Plan, nodes: list[NodeInput]) -> None:
     for key, reason in result.unschedulable.items():
         pods.add_row(key, f"unschedulable: {reason}")
     console.print(pods)
+    console.print(optimality_line(result))
 
 
 def partitioner_command(
@@ -72,16 +85,21 @@ def partitioner_command(
     lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
     once: bool = typer.Option(False, "--once", help="Run one reconcile pass and exit."),
     metrics_address: str = typer.Option("", "--metrics-address", help="HOST:PORT to serve kubegpu_partitioner_* on."),
+    planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
+    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
+                                     help="Seconds the exact planner may search per plan."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
+    from kubegpu.kube.leader import LeaderElector
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
     from kubegpu.metrics import PartitionerMetrics, serve_metrics
-    from kubegpu.partitioner.controller import LeaderElector, PartitionerController
+    from kubegpu.partitioner.controller import LEASE_NAME, PartitionerController
 
     if min(batch_window_timeout, batch_window_idle) < 0:
         raise ConfigError("--batch-window-timeout, --batch-window-idle: must be >= 0 (0 plans on the first pass)")
     if interval <= 0 or lease_duration <= 0:
         raise ConfigError("--interval, --lease-duration: must be > 0")
+    check_planner(planner, time_limit, "--planner", "--time-limit")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = LightkubeCluster()
     me = identity or socket.gethostname()
@@ -90,11 +108,12 @@ def partitioner_command(
         serve_metrics(metrics_address)
     controller = PartitionerController(
         cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
-        elector=LeaderElector(cluster, me, namespace=lease_namespace, lease_duration=lease_duration),
-        metrics=metrics,
+        elector=LeaderElector(cluster, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),
+        metrics=metrics, planner=planner, time_limit=time_limit,
     )
     clock = RealClock()
-    while True:
+    stop = stop_on_signals()  # SIGTERM: finish the pass in progress, then exit 0
+    while not stop.is_set():
         try:
             controller.tick(clock.now())
         except KubegpuError as exc:  # an API hiccup: say so and try again next pass
@@ -103,12 +122,12 @@ def partitioner_command(
             log.error("reconcile failed: %s", exc)
         if once:
             return
-        time.sleep(interval)
+        stop.wait(interval)
 
 
 def partition_agent_command(
     node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="The Node this agent runs on."),
-    gpu_backend: str = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="nvml or sim:PATH"),
+    gpu_backend: str = gpu_backend_option(),
     mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
                                                 help="MPS memory-slice file the device plugin reads."),
     pod_resources_socket: Path = typer.Option(
@@ -119,10 +138,10 @@ def partition_agent_command(
     once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
 ) -> None:
     """Apply the partitioner's desired MIG/MPS layout on this node and report its status."""
-    from kubegpu.exporter.attribution import PodResourcesClient
     from kubegpu.gpu.backend import open_backend
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
     from kubegpu.partitioner.agent import PartitionAgent
+    from kubegpu.sharing.attribution import PodResourcesClient
 
     if interval <= 0:
         raise ConfigError(f"--interval: must be > 0, got {interval}")
@@ -131,7 +150,8 @@ def partition_agent_command(
     try:
         allocations = PodResourcesClient(pod_resources_socket).list if pod_resources_socket.exists() else None
         agent = PartitionAgent(LightkubeCluster(), backend, node_name, mps_slices_file, allocations)
-        while True:
+        stop = stop_on_signals()  # SIGTERM: a layout being applied is applied completely, then the agent exits
+        while not stop.is_set():
             try:
                 report = agent.tick()
             except KubegpuError as exc:  # an API or driver hiccup: say so and try again next pass
@@ -144,7 +164,7 @@ def partition_agent_command(
                          report.destroyed, report.refused)
             if once:
                 return
-            time.sleep(interval)
+            stop.wait(interval)
     finally:
         backend.close()
 

@@ -17,128 +17,30 @@ from typing import Any
 
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.gpu.catalog import get_model
-from kubegpu.kube import Cluster, Conflict, NotFound, format_timestamp, parse_timestamp, record_event
+from kubegpu.kube import Cluster, record_event
+from kubegpu.kube.batching import Batcher
+from kubegpu.kube.leader import LeaderElector
 from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.planner import (
+    DEFAULT_PLANNER,
+    DEFAULT_TIME_LIMIT_S,
     CurrentInstance,
     GpuInput,
     Mode,
     MpsSlice,
     NodeInput,
     Plan,
+    check_planner,
     is_partition_resource,
     plan,
-    pod_key,
 )
-from kubegpu.scheduling import pod_requests
+from kubegpu.partitioner.state import optimality_line
+from kubegpu.scheduling import is_finished, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")
 COMPONENT = "kubegpu-partitioner"
-
-
-# --- batching -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Batcher:
-    """nos's batch window: the first pod arms `timeout`, every new pod re-arms `idle`; whichever passes first fires.
-
-    Collecting pods for a while lets one plan serve many of them (fewer, better re-cuts) at a bounded delay.
-    """
-
-    timeout: float = 60.0
-    idle: float = 10.0
-    items: set[str] = field(default_factory=set)
-    first_at: float | None = None
-    last_at: float | None = None
-
-    def add(self, key: str, now: float) -> None:
-        if key in self.items:
-            return
-        self.items.add(key)
-        if self.first_at is None:
-            self.first_at = now
-        self.last_at = now
-
-    def discard(self, keys: Iterable[str]) -> None:
-        self.items.difference_update(keys)
-        if not self.items:
-            self.reset()
-
-    def ready(self, now: float) -> bool:
-        if not self.items or self.first_at is None or self.last_at is None:
-            return False
-        return now - self.first_at >= self.timeout or now - self.last_at >= self.idle
-
-    def next_deadline(self) -> float | None:
-        """When `ready` turns true if no pod arrives: lets a simulator jump straight there."""
-        if self.first_at is None or self.last_at is None:
-            return None
-        return min(self.first_at + self.timeout, self.last_at + self.idle)
-
-    def reset(self) -> None:
-        self.items.clear()
-        self.first_at = self.last_at = None
-
-
-# --- leader election ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LeaderElector:
-    """A `coordination.k8s.io/v1` Lease held by one replica; others take it over only once it has expired.
-
-    Every write carries the resourceVersion it read, so when two replicas race for an expired lease the API server
-    lets exactly one write through (409 for the other).
-    """
-
-    cluster: Cluster
-    identity: str
-    name: str = "kubegpu-partitioner"
-    namespace: str = "kube-system"
-    lease_duration: float = 15.0
-
-    def try_acquire(self, now: float) -> bool:
-        try:
-            lease = self.cluster.get("Lease", self.name, self.namespace)
-        except NotFound:
-            return self._create(now)
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        renewed = parse_timestamp(spec.get("renewTime"))
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        expired = renewed is None or now >= renewed + duration
-        if holder not in (None, "", self.identity) and not expired:
-            return False
-        renew = format_timestamp(now, micro=True)
-        patch_spec: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": renew,
-                                      "leaseDurationSeconds": int(self.lease_duration)}
-        if holder != self.identity:
-            patch_spec["acquireTime"] = format_timestamp(now, micro=True)
-            patch_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        rv = (lease.get("metadata") or {}).get("resourceVersion")
-        try:
-            self.cluster.patch("Lease", self.name, {"metadata": {"resourceVersion": rv}, "spec": patch_spec},
-                               namespace=self.namespace)
-        except Conflict:
-            return False
-        return True
-
-    def _create(self, now: float) -> bool:
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
-                     "acquireTime": format_timestamp(now, micro=True),
-                     "renewTime": format_timestamp(now, micro=True), "leaseTransitions": 0},
-        }
-        try:
-            self.cluster.create(lease)
-        except Conflict:
-            return False
-        return True
+LEASE_NAME = "kubegpu-partitioner"
 
 
 # --- pods and nodes -------------------------------------------------------------------------------------------
@@ -209,6 +111,7 @@ class TickResult:
     plan_id: str | None = None
     written: list[str] = field(default_factory=list)  # nodes given a new desired layout
     plan: Plan | None = None
+    skipped: bool = False  # the window closed on the same input as the last plan, which changed nothing
 
 
 @dataclass
@@ -220,15 +123,20 @@ class PartitionerController:
     lease_duration: float = 15.0
     elector: LeaderElector | None = None
     metrics: PartitionerMetrics | None = None
+    planner: str = DEFAULT_PLANNER  # "exact" (HiGHS) or "greedy"
+    time_limit: float = DEFAULT_TIME_LIMIT_S  # seconds the exact planner may search per plan
+    skip_futile_plans: bool = False  # the simulator's shortcut, see the note after next_deadline
     batcher: Batcher = field(init=False)
+    _futile: tuple[Any, ...] | None = None  # the input of the last plan, when it changed nothing
     _last_plan_id: int = 0
     _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
     _reported: set[tuple[str, str]] = field(default_factory=set)  # (object, reason) already turned into an Event
 
     def __post_init__(self) -> None:
-        self.batcher = Batcher(self.batch_timeout, self.batch_idle)
+        check_planner(self.planner, self.time_limit)
+        self.batcher = Batcher(window=self.batch_timeout, idle=self.batch_idle)
         if self.elector is None:
-            self.elector = LeaderElector(self.cluster, self.identity, lease_duration=self.lease_duration)
+            self.elector = LeaderElector(self.cluster, self.identity, LEASE_NAME, lease_duration=self.lease_duration)
 
     def tick(self, now: float) -> TickResult:
         """One reconcile pass: keep the lease, feed the batch, and plan when the window closes."""
@@ -252,7 +160,13 @@ class PartitionerController:
         return self._plan_and_write(now, nodes, pods, pending)
 
     def next_deadline(self) -> float | None:
-        return self.batcher.next_deadline()
+        return self.batcher.deadline()
+
+    # With `skip_futile_plans`, a window that closes on exactly the input of the last plan (same pending pods, same
+    # nodes, layouts, usage and bound pods) when that plan changed nothing is not planned again: a deterministic
+    # planner would change nothing again, and every Event it could raise has been raised. It matters in the
+    # simulator, where pods can stay unservable for simulated hours and a window closes every few seconds; a real
+    # cluster keeps it off, so every window counts in kubegpu_partitioner_plans_total.
 
     def _forget_served(self, nodes: list[dict[str, Any]]) -> None:
         busy = {n["metadata"]["name"] for n in nodes if in_flight(n)}
@@ -263,7 +177,7 @@ class PartitionerController:
         bound: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             where = (pod.get("spec") or {}).get("nodeName")
-            if where and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if where and not is_finished(pod):
                 bound.setdefault(where, []).append(pod)
         inputs = []
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
@@ -274,9 +188,13 @@ class PartitionerController:
                 self._event_once(node, "PartitioningStatusInvalid", error)
             if view is not None:
                 inputs.append(view)
+        signature = (tuple(pod_key(p) for p in pending), tuple(inputs))
+        if self.skip_futile_plans and signature == self._futile:
+            return TickResult(leader=True, skipped=True)
         started = time.perf_counter()
-        result = plan(inputs, pending)
+        result = plan(inputs, pending, planner=self.planner, time_limit=self.time_limit)
         plan_seconds = time.perf_counter() - started
+        self._futile = None if any(n.changed for n in result.nodes.values()) else signature
         plan_id = self._next_plan_id(now)
         written = []
         for view in inputs:
@@ -285,6 +203,7 @@ class PartitionerController:
             if not node_plan.changed:
                 continue
             self._write_spec(view, result, plan_id)
+            self._plan_event(view, result, plan_id)
             written.append(view.name)
         for key, where in result.assignments.items():
             if where in written:
@@ -294,6 +213,14 @@ class PartitionerController:
         if written:
             log.info("plan %s: %d pods fit, re-cut %s", plan_id, len(result.assignments), ", ".join(written))
         return TickResult(leader=True, planned=True, plan_id=plan_id, written=written, plan=result)
+
+    def _plan_event(self, view: NodeInput, result: Plan, plan_id: str) -> None:
+        """An Event on each re-cut node: which planner made the plan and whether it is proven optimal."""
+        message = f"plan {plan_id}: {len(result.assignments)} pods fit; {optimality_line(result)}"
+        try:
+            record_event(self.cluster, view.node, "PartitioningPlanned", message, component=COMPONENT)
+        except KubegpuError as exc:  # an Event is a courtesy; failing to write one must not stop planning
+            log.warning("cannot record event on node %s: %s", view.name, exc)
 
     def _record_metrics(self, result: Plan, written: list[str], plan_seconds: float) -> None:
         if self.metrics is None:

@@ -1,24 +1,25 @@
-"""`dynamic-mig` and `dynamic-mps` for `kubegpu simulate`: this planner and the controller's batch window on the
-simulator's virtual clock.
+"""`dynamic-mig` and `dynamic-mps` for `kubegpu simulate`: the real partitioner controller on the virtual clock.
 
-Every `tick_interval` the strategy feeds the pending pods into the same `Batcher` the controller uses; when the
-window closes it plans on a snapshot of the simulated nodes and applies the new layouts after a reconfiguration
-delay. The delay is ours, not the GPU Operator's: the partition agent creates instances at exact placements and the
-device plugin re-lists them within its 2 s poll, with no plugin restart, so we take 15 s for MIG (instance creation
-plus the agent's report interval), against ~113 s measured for a MIG-manager label change (reference §4), and 5 s for
-MPS (a file write and a re-list).
+The strategy runs `kubegpu.partitioner.controller.PartitionerController` against the simulator's in-memory cluster
+every `tick_interval` (the `kubegpu partitioner` default `--interval 5`), with its batch window (60 s timeout, 10 s
+idle), in-flight bookkeeping, Events and planner, exactly as on a cluster (one replica: it always leads, so no Lease
+is renewed); what it plays itself is the partition agent on every opted-in node (`kubegpu.io/gpu-partitioning`, set
+as the node joins): before each pass it reports every node's instances or slices, marked used when a running pod
+holds them (the engine's real allocations, `NodeView.held_mig` and `held_mps`), in the agent's status annotations;
+after the pass it applies each new desired layout the controller wrote, through `SimControl`, and reports the plan
+handled once the change is in place. The controller lists through `kubegpu.sim.informer.InformedCluster`, an
+informer-style cache, so a pass copies no objects.
 
-MIG changes are applied as the agent applies them: the strategy marks the instances running pods hold as used
-(from the engine's real allocations, `NodeView.held_mig`), the planner keeps them where they are, and the engine
-keeps them across the change while it creates and destroys only free instances — so busy GPUs are re-cut around
-their pods, never evicting one. MPS changes likewise: slices running pods hold are marked used (`NodeView.held_mps`),
-the planner keeps them, and the engine keeps their device IDs while it rewrites the free slices — so busy GPUs are
-re-sliced too. A plan that keeps a held slice's size but not its device ID (a free slice of the same size before it
-dropped) is refused by the engine and planned again later.
+The delay is ours, not the GPU Operator's: the partition agent creates instances at exact placements and the device
+plugin re-lists them within its 2 s poll, with no plugin restart, so we take 15 s for MIG (instance creation plus the
+agent's report interval), against ~113 s measured for a MIG-manager label change (reference §4), and 5 s for MPS (a
+file write and a re-list). Nothing is evicted: the planner keeps used instances and slices where they are and the
+engine keeps them across the change. A plan the engine refuses (it would renumber an MPS slice a running pod holds:
+a free slice of the same size before it dropped) is reported handled at once, unapplied, as the agent reports a
+refused GPU, and planned again later.
 
-Speed: a window that closes with the same input as the last plan that changed nothing (same pending pods, same
-instances or slices, same used flags) is not planned again — the planner is deterministic, so the answer would be
-the same. It matters when pods stay unservable for hours (the planner would otherwise run every window).
+Speed: the controller runs with `skip_futile_plans`, so a window that closes on the same input as the last plan that
+changed nothing is not planned again; it matters when pods stay unservable for simulated hours.
 """
 
 from __future__ import annotations
@@ -28,22 +29,19 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kubegpu.deviceplugin.resources import strip_replica
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.backend import GpuDevice
 from kubegpu.gpu.catalog import GpuModel
-from kubegpu.partitioner.controller import Batcher
-from kubegpu.partitioner.planner import (
-    CurrentInstance,
-    GpuInput,
-    MpsSlice,
-    NodeInput,
-    is_partition_resource,
-    plan,
-    pod_key,
-)
-from kubegpu.scheduling import pod_requests
+from kubegpu.gpu.geometry import PlacedInstance
+from kubegpu.kube.errors import NotFound
+from kubegpu.kube.leader import LeaderElector
+from kubegpu.kube.memory import MemoryCluster
+from kubegpu.partitioner import annotations as ann
+from kubegpu.partitioner.controller import LEASE_NAME, PartitionerController
+from kubegpu.partitioner.planner import Mode
+from kubegpu.sharing.names import mig_resource_name, mps_slice_resource_name, strip_replica
 from kubegpu.sim.engine import InstanceInUseError
+from kubegpu.sim.informer import InformedCluster
 from kubegpu.sim.scenario import NodeGroup
 from kubegpu.sim.strategies import (
     BaseStrategy,
@@ -51,7 +49,6 @@ from kubegpu.sim.strategies import (
     NodeSetup,
     NodeView,
     SimControl,
-    register_strategy,
     smallest_slice_request,
 )
 from kubegpu.sim.workload import Job
@@ -60,80 +57,129 @@ MIG_RECONFIGURE_DELAY_S = 15.0
 MPS_RECONFIGURE_DELAY_S = 5.0
 MPS_SLICE_STEP_GB = 5  # slice sizes are rounded up to this step, so pods of similar size share slices
 TICK_S = 5.0
+SIM_IDENTITY = "kubegpu-simulator"
+
+
+class SoleReplica(LeaderElector):
+    """The simulated cluster runs one partitioner replica: it always leads, and renews no Lease every pass."""
+
+    def __init__(self, cluster: Any) -> None:
+        super().__init__(cluster, SIM_IDENTITY, LEASE_NAME)
+
+    def try_acquire(self, now: float) -> bool:
+        return True
+
+
+SIM_PLAN_TIME_LIMIT_S = 120.0
+"""The exact planner's budget in the simulator. Its limit is wall-clock time, so a tight one would make a simulated
+day depend on how busy the machine is; the simulator's plans are small (well under a second), so with this budget
+every plan is solved to proven optimality and the same seed gives the same day."""
 
 
 class _Dynamic(BaseStrategy):
-    """What both modes share: the batch window, the in-flight bookkeeping and the plan-apply loop."""
+    """What both modes share: the controller, and the agents' report-apply loop around each of its passes."""
 
     tick_interval: float | None = TICK_S
+    mode: Mode = "mig"
     delay = MIG_RECONFIGURE_DELAY_S  # seconds from a plan to its layout being in place
 
     def __init__(self, name: str, batch_timeout: float = 60.0, batch_idle: float = 10.0,
-                 skip_futile_plans: bool = True) -> None:
+                 skip_futile_plans: bool = True, time_limit: float = SIM_PLAN_TIME_LIMIT_S,
+                 **controller: Any) -> None:
         super().__init__(name)
-        self.batcher = Batcher(batch_timeout, batch_idle)
-        self.skip_futile_plans = skip_futile_plans  # off only to check that skipping changes no result
-        self.in_flight: dict[str, float] = {}  # node → when its new layout is in place
-        self.serving: dict[str, str] = {}  # pod key → node whose in-flight layout serves it
+        self.options: dict[str, Any] = {"batch_timeout": batch_timeout, "batch_idle": batch_idle,
+                                        "skip_futile_plans": skip_futile_plans, "time_limit": time_limit,
+                                        **controller}
+        self.controller: PartitionerController | None = None
+        self.applying: dict[str, tuple[float, str]] = {}  # node → (when its new layout is in place, plan id)
+        self.handled: dict[str, str] = {}  # node → the last plan id its agent reported
+        self._status: dict[str, tuple[NodeView, tuple[str | None, int], dict[str, str]]] = {}  # node → last report
         self.plans = 0
         self.recuts = 0
-        self.skipped = 0  # plans not run: same input as the last plan, which changed nothing
-        self._futile: tuple[tuple[str, ...], tuple[NodeInput, ...]] | None = None
+        self.skipped = 0  # windows not planned: same input as the last plan, which changed nothing
+        self.refused = 0  # plans the engine refused (nothing changed); planned again later
+
+    def on_start(self, sim: SimControl) -> None:
+        cluster = sim.cluster
+        if isinstance(cluster, MemoryCluster):  # list without copying, as an informer's cache would
+            cluster = InformedCluster(cluster, ("Node", "Pod"))
+        self.controller = PartitionerController(cluster, identity=SIM_IDENTITY, elector=SoleReplica(cluster),
+                                                **self.options)
 
     def on_tick(self, sim: SimControl) -> None:
+        assert self.controller is not None
         now = sim.clock.now()
-        self.in_flight = {n: t for n, t in self.in_flight.items() if t > now}
-        self.serving = {k: n for k, n in self.serving.items() if n in self.in_flight}
-        pending = [p for p in sim.pending_pods() if _wants_slices(p) and pod_key(p) not in self.serving]
-        keys = {pod_key(p) for p in pending}
-        self.batcher.discard(self.batcher.items - keys)
-        for key in sorted(keys):
-            self.batcher.add(key, now)
-        if not self.batcher.ready(now):
-            return
-        self.batcher.reset()
-        views = [v for v in sim.nodes() if v.ready and v.name not in self.in_flight and not v.reconfiguring]
-        inputs = [i for i in (self.node_input(v) for v in views) if i is not None]
-        signature = (tuple(pod_key(p) for p in pending), tuple(inputs))
-        if self.skip_futile_plans and signature == self._futile:
-            self.skipped += 1  # the planner is deterministic: it would change nothing again
-            return
-        result = plan(inputs, pending)
-        self.plans += 1
-        self._futile = None if any(n.changed for n in result.nodes.values()) else signature
-        for node in inputs:
-            node_plan = result.nodes[node.name]
-            if not node_plan.changed:
-                continue
-            if not self.apply(sim, node, node_plan.gpus):
-                continue
-            self.recuts += sum(1 for g in node_plan.gpus if g.changed)
-            self.in_flight[node.name] = now + self.delay
-            for key, where in result.assignments.items():
-                if where == node.name:
-                    self.serving[key] = where
+        views = {view.name: view for view in sim.nodes() if view.ready and self.partitioned(view)}
+        for view in views.values():
+            applying = self.applying.get(view.name)
+            if applying is not None and applying[0] > now:
+                continue  # the agent is still applying: its node stays in flight
+            if applying is not None:
+                del self.applying[view.name]
+                self.handled[view.name] = applying[1]
+            self.report(sim, view)
+        result = self.controller.tick(now)
+        self.plans += result.planned
+        self.skipped += result.skipped
+        for name in result.written:
+            self.apply(sim, views[name], now)
 
-    def node_input(self, view: NodeView) -> NodeInput | None:
+    def report(self, sim: SimControl, view: NodeView) -> None:
+        """The agent's report: what the node has, what running pods hold, and the last plan handled."""
+        plan_id = self.handled.get(view.name)
+        basis = (plan_id, self.agent_state(view))
+        last = self._status.get(view.name)
+        if last is not None and last[0] is view and last[1] == basis:
+            return  # nothing changed since the last report (views are cached until their node changes)
+        status = ann.status_annotations(self.mode, self.reported_gpus(view), plan_id)
+        patch = ann.replace_family(last[2] if last is not None else {}, status, "status")
+        if patch:
+            sim.cluster.patch("Node", view.name, {"metadata": {"annotations": patch}})
+        self._status[view.name] = (view, basis, status)
+
+    def apply(self, sim: SimControl, view: NodeView, now: float) -> None:
+        """Apply the desired layout the controller wrote on the node; report at once if nothing is to wait for."""
+        try:
+            annotations = sim.cluster.get("Node", view.name)["metadata"].get("annotations") or {}
+        except NotFound:
+            return
+        plan_id = annotations[ann.SPEC_PLAN]
+        try:
+            changed = self.change(sim, view, annotations)
+        except InstanceInUseError:
+            self.refused += 1
+            changed = 0
+        self.recuts += changed
+        if changed:
+            self.applying[view.name] = (now + self.delay, plan_id)
+        else:
+            self.handled[view.name] = plan_id
+            self.report(sim, view)
+
+    def partitioned(self, view: NodeView) -> bool:
+        return True
+
+    def agent_state(self, view: NodeView) -> int:
+        """What the report depends on beyond the node's view: a version of the state the agent itself keeps."""
+        return 0
+
+    def reported_gpus(self, view: NodeView) -> list[ann.ReportedGpu]:
         raise NotImplementedError
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
-        """Apply a node's plan; False when the engine refused it (nothing changed)."""
+    def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
+        """Apply the node's desired layout; the number of GPUs changed (InstanceInUseError: refused, none)."""
         raise NotImplementedError
 
 
-def _wants_slices(pod: dict[str, Any]) -> bool:
-    return any(is_partition_resource(r) for r in pod_requests(pod))
-
-
-def _node_obj(view: NodeView) -> dict[str, Any]:
-    return {"metadata": {"name": view.name, "labels": {"kubegpu.io/node-group": view.group}}, "spec": {}}
+def _label(mode: Mode) -> dict[str, str]:
+    return {ann.PARTITIONING_LABEL: mode}
 
 
 class DynamicMig(_Dynamic):
     """MIG GPUs start with MIG on and no instances; the planner cuts them to what the pending pods ask for."""
 
-    def __init__(self, name: str, skip_futile_plans: bool = True) -> None:
-        super().__init__(name, skip_futile_plans=skip_futile_plans)
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, **options)
         self.offered: dict[str, float] = {}  # resource → GiB, every non-media profile of the MIG models seen
         self.whole_gpus = False
 
@@ -144,83 +190,90 @@ class DynamicMig(_Dynamic):
             return NodeSetup(device_plugin_config=config)
         for profile in model.mig_profiles:
             if not profile.media_extensions:
-                name = f"nvidia.com/{profile.resource_name}"
+                name = mig_resource_name(profile.name)
                 memory = profile.memory_mib / 1024
                 self.offered[name] = min(memory, self.offered.get(name, memory))
-        return NodeSetup(device_plugin_config=config, mig_layout={gpu.index: [] for gpu in gpus})
+        return NodeSetup(device_plugin_config=config, mig_layout={gpu.index: [] for gpu in gpus},
+                         labels=_label("mig"))
 
     def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
         return smallest_slice_request(job, self.offered, self.whole_gpus)
 
-    def node_input(self, view: NodeView) -> NodeInput | None:
-        """Every instance as the agent reports it, marked used when a running pod holds it (the engine's real
-        allocations, by MIG UUID). Busy GPUs are not frozen: the planner keeps used instances where they are and
-        may re-cut the free space around them, which the engine applies without touching the running pods."""
-        if not view.model.mig_capable:
-            return None
-        gpus = []
-        for gpu in view.gpus:
-            instances = tuple(CurrentInstance(mig.profile_id, mig.start, mig.uuid in view.held_mig)
-                              for mig in view.mig.get(gpu.index, ()))
-            gpus.append(GpuInput(gpu.index, view.model.key, view.model, instances))
-        return NodeInput(view.name, "mig", _node_obj(view), tuple(gpus))
+    def partitioned(self, view: NodeView) -> bool:
+        return view.model.mig_capable
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
-        sim.set_mig_layout(node.name, {g.index: list(g.instances) for g in gpus if g.changed},
-                           delay=MIG_RECONFIGURE_DELAY_S)
-        return True
+    def reported_gpus(self, view: NodeView) -> list[ann.ReportedGpu]:
+        """Every instance, marked used when a running pod holds it (by MIG UUID). Busy GPUs are not frozen: the
+        planner keeps used instances where they are and may re-cut the free space around them."""
+        return [ann.ReportedGpu(gpu.index, view.model.key, instances=tuple(
+                    (PlacedInstance(mig.profile_id, mig.start), mig.uuid in view.held_mig)
+                    for mig in view.mig.get(gpu.index, ())))
+                for gpu in view.gpus]
+
+    def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
+        desired = ann.parse_spec(annotations, "mig", {gpu.index: view.model for gpu in view.gpus})
+        layout = {}
+        for gpu in desired:
+            current = sorted(PlacedInstance(m.profile_id, m.start) for m in view.mig.get(gpu.index, ()))
+            if sorted(gpu.instances) != current:
+                layout[gpu.index] = list(gpu.instances)
+        if layout:
+            sim.set_mig_layout(view.name, layout, delay=MIG_RECONFIGURE_DELAY_S)
+        return len(layout)
 
 
 class DynamicMps(_Dynamic):
     """GPUs shared through MPS memory slices (`nvidia.com/gpu-<N>gb`), re-sliced to what the pending pods ask for."""
 
+    mode: Mode = "mps"
     delay = MPS_RECONFIGURE_DELAY_S
 
-    def __init__(self, name: str, skip_futile_plans: bool = True) -> None:
-        super().__init__(name, skip_futile_plans=skip_futile_plans)
-        self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the strategy sets them)
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, **options)
+        self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the agent's slice file)
+        self.versions: dict[str, int] = {}  # node → how often its slices changed
         self.largest_gb = 0
-        self.refused = 0  # plans the engine refused: they would have renumbered a slice a running pod holds
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
         self.largest_gb = max(self.largest_gb, model.memory_mib // 1024)
-        return NodeSetup(device_plugin_config={"version": "v1"}, mps_slices={})
+        return NodeSetup(device_plugin_config={"version": "v1"}, mps_slices={}, labels=_label("mps"))
 
     def request_for(self, job: Job, models: Sequence[GpuModel]) -> GpuRequest:
         size = MPS_SLICE_STEP_GB * math.ceil(max(job.memory_gib, 1) / MPS_SLICE_STEP_GB)
         if self.largest_gb and size > self.largest_gb:
             size = self.largest_gb
-        return GpuRequest(f"nvidia.com/gpu-{size}gb", job.gpus)
+        return GpuRequest(mps_slice_resource_name(size), job.gpus)
 
-    def node_input(self, view: NodeView) -> NodeInput | None:
-        """Every slice as the agent reports it, marked used when a running pod holds its device (the engine's real
-        allocations, `NodeView.held_mps`). Busy GPUs are not frozen: the planner keeps used slices and may rewrite
-        the free ones, which the engine applies without touching the running pods."""
+    def agent_state(self, view: NodeView) -> int:
+        return self.versions.get(view.name, 0)
+
+    def reported_gpus(self, view: NodeView) -> list[ann.ReportedGpu]:
+        """Every slice, marked used when a running pod holds its device (`NodeView.held_mps`)."""
         current = self.slices.setdefault(view.name, {})
+        held_by_gpu: dict[str, set[str]] = {}  # GPU UUID (or index) → slice names held on it
+        for device_id in view.held_mps:
+            held_by_gpu.setdefault(strip_replica(device_id), set()).add(device_id.rsplit("::", 1)[-1])
         gpus = []
         for gpu in view.gpus:
-            held = {device_id.rsplit("::", 1)[-1] for device_id in view.held_mps
-                    if strip_replica(device_id) in (gpu.uuid, str(gpu.index))}
+            held = held_by_gpu.get(gpu.uuid, set()) | held_by_gpu.get(str(gpu.index), set())
             counters: Counter[int] = Counter()
             slices = []
             for gb in current.get(gpu.index, []):
-                slices.append(MpsSlice(gb, f"mps-{gb}gb-{counters[gb]}" in held))
+                slices.append((gb, f"mps-{gb}gb-{counters[gb]}" in held))
                 counters[gb] += 1
-            gpus.append(GpuInput(gpu.index, view.model.key, view.model, slices=tuple(slices)))
-        return NodeInput(view.name, "mps", _node_obj(view), tuple(gpus))
+            gpus.append(ann.ReportedGpu(gpu.index, view.model.key, slices=tuple(slices)))
+        return gpus
 
-    def apply(self, sim: SimControl, node: NodeInput, gpus: Sequence[Any]) -> bool:
-        """Hand the new slices to the engine; a plan that would renumber a held slice's device is refused there
-        (`InstanceInUseError`) and dropped here, to be planned again once the pod is gone."""
-        current = self.slices.setdefault(node.name, {})
-        wanted = {**current, **{gpu.index: list(gpu.slices) for gpu in gpus}}
-        try:
-            sim.set_sharing(node.name, {"version": "v1"}, mps_slices=wanted, delay=MPS_RECONFIGURE_DELAY_S)
-        except InstanceInUseError:
-            self.refused += 1
-            return False
-        self.slices[node.name] = wanted
-        return True
+    def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
+        """Hand the new slices to the engine; a plan that would renumber a held slice's device is refused there."""
+        current = self.slices.setdefault(view.name, {})
+        wanted = {**current, **{gpu.index: list(gpu.slices) for gpu in ann.parse_spec(annotations, "mps", {})}}
+        changed = sum(1 for index, sizes in wanted.items() if sorted(sizes) != sorted(current.get(index, [])))
+        if changed:
+            sim.set_sharing(view.name, {"version": "v1"}, mps_slices=wanted, delay=MPS_RECONFIGURE_DELAY_S)
+            self.slices[view.name] = wanted
+            self.versions[view.name] = self.versions.get(view.name, 0) + 1
+        return changed
 
 
 def _no_argument(name: str, argument: str | None) -> None:
@@ -228,15 +281,13 @@ def _no_argument(name: str, argument: str | None) -> None:
         raise ConfigError(f"strategy {name}:{argument}: {name} takes no argument")
 
 
-def _dynamic_mig(argument: str | None) -> DynamicMig:
+def dynamic_mig(argument: str | None) -> DynamicMig:
+    """The `dynamic-mig` strategy (a `kubegpu.sim.strategies` entry point in pyproject.toml)."""
     _no_argument("dynamic-mig", argument)
     return DynamicMig("dynamic-mig")
 
 
-def _dynamic_mps(argument: str | None) -> DynamicMps:
+def dynamic_mps(argument: str | None) -> DynamicMps:
+    """The `dynamic-mps` strategy (a `kubegpu.sim.strategies` entry point in pyproject.toml)."""
     _no_argument("dynamic-mps", argument)
     return DynamicMps("dynamic-mps")
-
-
-register_strategy("dynamic-mig", _dynamic_mig)
-register_strategy("dynamic-mps", _dynamic_mps)

@@ -15,15 +15,14 @@ Nodes may also give `allocatable` (cpu, memory, pods) and `taints`; without `all
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
+from kubegpu.files import load_data_file
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan
@@ -73,16 +72,7 @@ class ClusterState(_Model):
 def load_state(path: Path | str) -> ClusterState:
     """Read and validate a state file (YAML or JSON); ConfigError `FILE: field.path: what` on any problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{source}: not valid YAML/JSON: {first}") from None
-    return parse_state(data, source)
+    return parse_state(load_data_file(path), source)  # bounded, UTF-8, safe YAML/strict JSON
 
 
 def parse_state(data: object, source: str) -> ClusterState:
@@ -228,4 +218,22 @@ def plan_to_json(result: Plan, nodes: list[NodeInput]) -> dict[str, Any]:
         "reasons": dict(result.unschedulable),
         "created": result.created,
         "destroyed": result.destroyed,
+        "planner": result.planner,
+        "optimal": result.optimal,
+        "bound": result.bound,
+        "score": result.score,
+        "note": result.note,
     }
+
+
+def optimality_line(result: Plan) -> str:
+    """One line saying which planner ran and whether its plan is proven optimal (the table output's last line)."""
+    if result.optimal:
+        verdict = "proven optimal"
+    elif result.planner == "greedy":
+        verdict = "not proven optimal (greedy heuristic)"
+    else:
+        verdict = "not proven optimal"
+    numbers = f"score {result.score}, bound {result.bound}" if result.bound is not None else ""
+    detail = "; ".join(x for x in (numbers, result.note) if x)
+    return f"planner {result.planner}: {verdict}" + (f" ({detail})" if detail else "")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubegpu.errors import ConfigError, NotFoundError
+from kubegpu.scheduling.pods import is_finished
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.scheduling.requests import pod_requests
 
@@ -34,7 +35,7 @@ _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 
 
 @dataclass(frozen=True, slots=True)
-class _Requirement:
+class _CompiledExpression:
     """One matchExpressions/matchFields entry, with its values already turned into a set or a number."""
 
     key: str
@@ -64,8 +65,8 @@ class _Requirement:
 class _Term:
     """A nodeSelectorTerm: its expressions and fields are ANDed; a term with neither matches nothing."""
 
-    expressions: tuple[_Requirement, ...]
-    fields: tuple[_Requirement, ...]
+    expressions: tuple[_CompiledExpression, ...]
+    fields: tuple[_CompiledExpression, ...]
 
     def matches(self, labels: Mapping[str, str], node_name: str | None) -> bool:
         if not self.expressions and not self.fields:
@@ -170,7 +171,7 @@ def node_info(node: dict[str, Any], pods: Iterable[dict[str, Any]] = ()) -> Node
             raise ConfigError(f"node {name}: status.allocatable.{resource}: {exc}") from None
     info = NodeInfo(node=node, allocatable=allocatable)
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        if not is_finished(pod):
             info.add_pod(pod)
     return info
 
@@ -328,7 +329,7 @@ def _compile_terms(terms: Sequence[Mapping[str, Any]], path: str) -> tuple[_Term
     return tuple(compiled)
 
 
-def _compile_requirement(item: Mapping[str, Any], path: str, operators: frozenset[str]) -> _Requirement:
+def _compile_requirement(item: Mapping[str, Any], path: str, operators: frozenset[str]) -> _CompiledExpression:
     operator = item.get("operator")
     if operator not in operators:
         raise ConfigError(f"{path}.operator: {operator!r} is not one of {', '.join(sorted(operators))}")
@@ -340,7 +341,7 @@ def _compile_requirement(item: Mapping[str, Any], path: str, operators: frozense
         bound = _as_int(values[0])
         if bound is None:
             raise ConfigError(f"{path}.values[0]: {values[0]!r} is not an integer")
-    return _Requirement(str(item.get("key", "")), operator, frozenset(values), bound)
+    return _CompiledExpression(str(item.get("key", "")), operator, frozenset(values), bound)
 
 
 def _as_int(text: str) -> int | None:

@@ -7,7 +7,9 @@ cached per string because the same handful of quantities ("1", "500m", "16Gi") r
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from functools import lru_cache
 
 from kubegpu.errors import ConfigError
@@ -27,10 +29,22 @@ def parse_quantity(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"invalid quantity {value!r}: expected a number or a string like '500m' or '4Gi'")
     if isinstance(value, int | float):
-        return float(value)
+        return _finite(value, value)
     if not isinstance(value, str):
         raise ConfigError(f"invalid quantity {value!r}: expected a number or a string like '500m' or '4Gi'")
     return _parse_string(value)
+
+
+def _finite(value: object, shown: object) -> float:
+    """`value` as a finite float; infinities, NaN and numbers beyond a float's range are one ConfigError line."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        text = repr(shown) if len(repr(shown)) <= 40 else repr(shown)[:37] + "..."
+        raise ConfigError(f"invalid quantity {text}: must be a finite number (at most {sys.float_info.max:.3g})")
+    return number
 
 
 @lru_cache(maxsize=4096)
@@ -40,10 +54,18 @@ def _parse_string(text: str) -> float:
         raise ConfigError(f"invalid quantity {text!r}: expected a number with an optional suffix like '500m' or '4Gi'")
     number, suffix = match.groups()
     if suffix in _BINARY:
-        return float(number) * _BINARY[suffix]
+        return _finite(float(number) * _BINARY[suffix], text)
     if suffix in _DECIMAL:
-        return float(number) * _DECIMAL[suffix]
-    return float(number) * 10.0 ** int(suffix[1:])
+        return _finite(float(number) * _DECIMAL[suffix], text)
+    digits = suffix[1:].lstrip("+-").lstrip("0") or "0"
+    exponent = int(digits) if len(digits) <= 6 else 10**7  # int() refuses 4,300+ digits; any such exponent is huge
+    exponent = -exponent if suffix[1:2] == "-" else exponent
+    if abs(exponent) > 400:  # 10.0 ** 400 overflows; a huge negative exponent is just zero
+        return _finite(math.inf if exponent > 0 and float(number) != 0 else 0.0, text)
+    try:
+        return _finite(float(number) * 10.0 ** exponent, text)
+    except OverflowError:
+        return _finite(math.inf, text)
 
 
 def format_quantity(value: float) -> str:

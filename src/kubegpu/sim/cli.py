@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import write_durable
 from kubegpu.sim.report import LEGEND, headline, results_tables, write_html
 from kubegpu.sim.runner import check_strategies, run_scenario, strategy_names
 from kubegpu.sim.scenario import Scenario, default_scenario, load_scenario
@@ -91,10 +92,7 @@ def simulate(
 
 
 def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise KubegpuError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    write_durable(path, text)  # atomic: a kill mid-write leaves the old file, never an empty one
 
 
 def register(app: typer.Typer) -> None:

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kubegpu.sim.engine import Attempt
     from kubegpu.sim.scenario import NodeGroup, Scenario
+    from kubegpu.sim.state import Attempt
     from kubegpu.sim.workload import Job
 
 
@@ -82,6 +82,7 @@ class StrategyResult:
     jct_p95_s: float
     cost: float
     cost_per_useful_gpu_hour: float
+    spot_interruptions: int = 0  # bought nodes the cloud took back (scenario field spotInterruptions)
     classes: dict[str, ClassStats] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
@@ -116,6 +117,7 @@ class Collector:
         self.rejected = 0
         self.failed = 0
         self.pending_at_end = 0
+        self.spot_interruptions = 0
         self.samples: list[Sample] = []
 
     # integrals -------------------------------------------------------------------------------------------------
@@ -145,6 +147,9 @@ class Collector:
         self.gpus -= gpus
         self.memory_capacity -= memory
         self.cost_rate -= rate
+
+    def spot_interrupted(self, name: str, t: float) -> None:
+        self.spot_interruptions += 1
 
     # pods ------------------------------------------------------------------------------------------------------
     def queued(self, run: Attempt) -> None:
@@ -232,6 +237,7 @@ class Collector:
             jct_p95_s=percentile(jcts, 95),
             cost=self.cost,
             cost_per_useful_gpu_hour=self.cost / useful_hours if useful_hours > 0 else 0.0,
+            spot_interruptions=self.spot_interruptions,
             classes=dict(sorted(classes.items())),
             samples=self.samples,
         )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from kubegpu.errors import KubegpuError
+from kubegpu.files import write_durable
 from kubegpu.sim.units import format_duration
 
 if TYPE_CHECKING:
@@ -345,7 +345,4 @@ def write_html(report: SimulationReport, path: str | Path) -> None:
 
     matplotlib.use("Agg")
     target = Path(path)
-    try:
-        target.write_text(render_html(report))
-    except OSError as exc:
-        raise KubegpuError(f"{target}: cannot write report: {exc.strerror or exc}") from None
+    write_durable(target, render_html(report))  # atomic and durable

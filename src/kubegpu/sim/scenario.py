@@ -10,11 +10,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from kubegpu.config import field_path
 from kubegpu.errors import ConfigError
+from kubegpu.files import load_yaml_file, parse_yaml_text
 from kubegpu.sim.units import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -23,29 +24,39 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 def _range(value: object) -> tuple[float, float]:
     """A number, or [low, high] drawn uniformly."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return (float(value), float(value))
+        return (_bounded(value), _bounded(value))
     if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int | float) for v in value):
-        low, high = float(value[0]), float(value[1])
+        low, high = _bounded(value[0]), _bounded(value[1])
         if low > high:
             raise ValueError(f"range [{value[0]}, {value[1]}] has low > high")
         return (low, high)
     raise ValueError(f"expected a number or [low, high], got {value!r}")
 
 
+MAX_RANGE_VALUE = 1e6  # GiB, fractions of a GPU: any real value is far smaller
+
+
+def _bounded(value: float) -> float:
+    if not abs(value) <= MAX_RANGE_VALUE:  # NaN and inf too
+        raise ValueError(f"numbers must be at most {MAX_RANGE_VALUE:.0e} in magnitude, got {str(value)[:40]}")
+    return float(value)
+
+
 Range = Annotated[tuple[float, float], BeforeValidator(_range)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+                              allow_inf_nan=False)
 
 
 class NodeGroup(_Model):
     name: str = Field(min_length=1)
-    count: int = Field(ge=0)
+    count: int = Field(ge=0, le=100_000)
     gpu_model: str
     gpus_per_node: int = Field(default=8, ge=1, le=16)
-    price_per_hour: float = Field(ge=0)
-    cpu: float = Field(default=96, gt=0)
+    price_per_hour: float = Field(ge=0, le=1e6)
+    cpu: float = Field(default=96, gt=0, le=1e5)
     memory: str = "1024Gi"
 
     @field_validator("gpu_model")
@@ -64,7 +75,10 @@ class NodeGroup(_Model):
     def _quantity(cls, value: str) -> str:
         from kubegpu.scheduling import parse_quantity
 
-        parse_quantity(value)
+        try:
+            parse_quantity(value)
+        except ConfigError as exc:  # a ValueError lets pydantic name the field path and the file
+            raise ValueError(str(exc)) from None
         return value
 
 
@@ -86,15 +100,15 @@ class JobClass(_Model):
 
     name: str = Field(min_length=1)
     namespace: str = "default"
-    priority: int = 0
-    arrivals_per_hour: float = Field(gt=0)
+    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # Kubernetes priorities are int32
+    arrivals_per_hour: float = Field(gt=0, le=1e6)
     diurnal_amplitude: float = Field(default=0.0, ge=0, le=1)
     peak_hour: float = Field(default=14.0, ge=0, lt=24)
     gpus: list[int] = Field(default=[1], min_length=1)
     memory_gib: Range = Field(alias="memoryGiB")
     compute: Range
     runtime: tuple[Seconds, Seconds]
-    max_retries: int = Field(default=2, ge=0)
+    max_retries: int = Field(default=2, ge=0, le=1000)
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -104,8 +118,8 @@ class JobClass(_Model):
     @field_validator("gpus")
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
-        if any(count < 1 for count in value):
-            raise ValueError("every GPU count must be at least 1")
+        if any(count < 1 or count > 64 for count in value):
+            raise ValueError("every GPU count must be between 1 and 64")
         return value
 
     @field_validator("runtime", mode="before")
@@ -139,6 +153,53 @@ class WorkloadSpec(_Model):
         return self
 
 
+class NodeBringUp(_Model):
+    """From launch to usable GPUs, stage by stage, as the operator brings a node up: the instance boots and joins,
+    then the validator's chain runs in the GPU Operator's order — driver, container toolkit, a CUDA workload, the
+    device plugin — each stage waiting on the previous one's barrier file. The node's GPUs are schedulable only once
+    the last one (`plugin-ready`) passes. Defaults are assumptions that add up to the 5 minutes the simulator always
+    used for a GPU node (a precompiled driver; a driver compiled at boot takes minutes longer)."""
+
+    boot: Seconds = 90.0
+    driver: Seconds = 120.0
+    toolkit: Seconds = 30.0
+    cuda: Seconds = 30.0
+    plugin: Seconds = 30.0
+
+    @field_validator("boot", "driver", "toolkit", "cuda", "plugin")
+    @classmethod
+    def _not_negative(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+
+    @property
+    def total(self) -> float:
+        """Seconds from a node's launch to its GPUs being allocatable."""
+        return self.boot + self.driver + self.toolkit + self.cuda + self.plugin
+
+
+MAX_SPOT_RATE = 1.0  # per node-hour: one interruption an hour on average is already far past any real spot market
+MAX_SPOT_NOTICE_S = 3600.0
+
+
+class SpotInterruptions(_Model):
+    """Spot interruptions of the nodes controllers buy at run time (`sim.add_node`); the scenario's own nodes are
+    on-demand. Each bought node's lifetime to its interruption is drawn from an exponential distribution with this
+    rate, from an RNG seeded by the scenario seed and the node's name, so a seed replays the same interruptions.
+    After `notice` (AWS gives two minutes) the node is gone: its pods are evicted and requeued, its cost stops."""
+
+    per_node_hour: float = Field(ge=0, le=MAX_SPOT_RATE)
+    notice: Seconds = 120.0
+
+    @field_validator("notice")
+    @classmethod
+    def _short_notice(cls, value: float) -> float:
+        if value > MAX_SPOT_NOTICE_S:
+            raise ValueError(f"must be at most {MAX_SPOT_NOTICE_S:.0f}s")
+        return value
+
+
 class Scenario(_Model):
     name: str = "scenario"
     cluster: ClusterSpec
@@ -148,6 +209,8 @@ class Scenario(_Model):
     duration: Seconds = 86400.0
     seed: int = 1
     sample_interval: Seconds = 300.0
+    node_bring_up: NodeBringUp = Field(default_factory=NodeBringUp)
+    spot_interruptions: SpotInterruptions | None = None
     source_dir: str = Field(default=".", exclude=True)
 
     @field_validator("duration", "sample_interval")
@@ -156,18 +219,6 @@ class Scenario(_Model):
         if value <= 0:
             raise ValueError("must be longer than zero")
         return value
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """pydantic's error location as a field path: ('cluster', 'nodeGroups', 1, 'gpuModel') →
-    cluster.nodeGroups[1].gpuModel"""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not str(part).startswith("function-"):
-            path += f".{part}" if path else str(part)
-    return path
 
 
 def first_error(exc: ValidationError, source: str) -> ConfigError:
@@ -192,20 +243,11 @@ def parse_scenario(data: Any, source: str, source_dir: str = ".") -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read scenario: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{file}: not valid YAML{where}") from None
+    data = load_yaml_file(file)  # bounded, UTF-8, safe YAML: every problem is one ConfigError line
     return parse_scenario(data, file.name, str(file.parent))
 
 
 def default_scenario() -> Scenario:
     """The scenario shipped with the package (what `kubegpu simulate` runs with no arguments)."""
     text = resources.files("kubegpu.sim").joinpath("scenarios/default.yaml").read_text()
-    return parse_scenario(yaml.safe_load(text), "default.yaml")
+    return parse_scenario(parse_yaml_text(text, "default.yaml"), "default.yaml")

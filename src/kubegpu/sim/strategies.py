@@ -22,8 +22,16 @@ Writing a strategy (the partitioner and autoscaler do this in their own ``sim_st
     register_strategy("dynamic-mig", lambda argument: DynamicMig("dynamic-mig"))
 
 The name on the command line is ``name[:argument]`` (``time-slicing:4``); the factory gets the argument (or None)
-and raises ConfigError for a bad one. `get_strategy` imports ``kubegpu.partitioner.sim_strategy`` and
-``kubegpu.autoscaler.sim_strategy`` when they exist, so their strategies register themselves.
+and raises ConfigError for a bad one. The simulator knows no component: the built-in strategies above register
+here, and a component offers its own as entry points in the ``kubegpu.sim.strategies`` group (pyproject.toml),
+name → factory, which `get_strategy` loads only when that name is asked for::
+
+    [project.entry-points."kubegpu.sim.strategies"]
+    dynamic-mig = "mypackage.sim_strategy:dynamic_mig"      # dynamic_mig(argument) -> Strategy
+
+A strategy with a controller runs the component's real controller on ``sim.clock`` against ``sim.cluster``, and
+plays the parts outside the controller (a node agent, a cloud provider) through `SimControl`: the partitioner's
+strategy is the partition agent on every node, the autoscaler's the cloud provider.
 
 What a controller may do, through `SimControl` (implemented by the engine):
 - read: ``sim.clock.now()``, ``sim.cluster`` (the in-memory Kubernetes store with every Node and Pod, so controller
@@ -46,12 +54,14 @@ What a controller may do, through `SimControl` (implemented by the engine):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.errors import ConfigError
+from kubegpu.sharing.names import GPU_RESOURCE, GPU_SHARED_RESOURCE, mig_resource_name
 
 if TYPE_CHECKING:
     from kubegpu.clock import Clock
@@ -61,9 +71,9 @@ if TYPE_CHECKING:
     from kubegpu.sim.scenario import NodeGroup
     from kubegpu.sim.workload import Job
 
-GPU = "nvidia.com/gpu"
-GPU_SHARED = "nvidia.com/gpu.shared"
-PLUGIN_MODULES = ("kubegpu.partitioner.sim_strategy", "kubegpu.autoscaler.sim_strategy")
+GPU = GPU_RESOURCE
+GPU_SHARED = GPU_SHARED_RESOURCE
+ENTRY_POINT_GROUP = "kubegpu.sim.strategies"
 
 
 @dataclass(frozen=True)
@@ -80,12 +90,14 @@ class NodeSetup:
 
     ``device_plugin_config``: NVIDIA's device-plugin config (a `DevicePluginConfig` or the same data as a dict);
     ``mig_layout``: GPU index → GI profile ids to create (placed with `kubegpu.gpu.geometry.place`), ``[]`` for MIG
-    on with no instances, None or absent for MIG off; ``mps_slices``: GPU index → MPS memory slices in GiB.
+    on with no instances, None or absent for MIG off; ``mps_slices``: GPU index → MPS memory slices in GiB;
+    ``labels``: extra Node labels, as an operator would set them (the partitioner's opt-in label).
     """
 
     device_plugin_config: Any = field(default_factory=lambda: {"version": "v1"})
     mig_layout: dict[int, list[int] | None] = field(default_factory=dict)
     mps_slices: dict[int, list[int]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -242,7 +254,7 @@ class StaticMig(BaseStrategy):
             for profile_id in ids or ():
                 profile = model.profile(profile_id)
                 memory = profile.memory_mib / 1024
-                name = f"nvidia.com/{profile.resource_name}"
+                name = mig_resource_name(profile.name)
                 self.offered[name] = min(memory, self.offered.get(name, memory))
         return NodeSetup(device_plugin_config=config, mig_layout=layout)
 
@@ -295,27 +307,34 @@ register_strategy("mps", lambda argument: Mps(f"mps:{_replicas(argument, 'mps')}
 register_strategy("static-mig", _static_mig)
 
 
-def load_plugins() -> None:
-    """Import the controller modules that register more strategies, when they are installed."""
-    for module in PLUGIN_MODULES:
+@cache
+def _plugins() -> dict[str, EntryPoint]:
+    """The strategies components offer as entry points (read once; importing them waits until one is asked for)."""
+    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _factory(name: str) -> StrategyFactory | None:
+    factory = _REGISTRY.get(name)
+    point = _plugins().get(name) if factory is None else None
+    if point is not None:
         try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
+            factory = point.load()
+        except ModuleNotFoundError as exc:  # metadata left behind by a component that is no longer installed
+            if exc.name is None or not point.module.startswith(exc.name):
                 raise
+            return None
+        _REGISTRY[name] = factory
+    return factory
 
 
 def available_strategies() -> list[str]:
-    load_plugins()
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
 def get_strategy(spec: str) -> Strategy:
     """The strategy for `name[:argument]`; ConfigError naming the spec when unknown."""
-    load_plugins()
     name, _, argument = spec.strip().partition(":")
-    factory = _REGISTRY.get(name)
+    factory = _factory(name)
     if factory is None:
-        raise ConfigError(f"unknown strategy {spec!r}; available: {', '.join(sorted(_REGISTRY))}")
+        raise ConfigError(f"unknown strategy {spec!r}; available: {', '.join(available_strategies())}")
     return factory(argument or None)
-

@@ -6,6 +6,7 @@ import re
 
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+MAX_DURATION_S = 10 * 366 * 86400.0  # ten years: far beyond any simulated day or week, far below float overflow
 
 
 def parse_duration(value: object) -> float:
@@ -13,7 +14,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '24h' or a number of seconds, got {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if abs(value) <= MAX_DURATION_S else float("inf")
     elif isinstance(value, str):
         text = value.strip().replace(" ", "")
         if re.fullmatch(r"\d+(?:\.\d+)?", text):
@@ -26,6 +27,8 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"expected a duration such as '24h' or a number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"a duration cannot be negative, got {value!r}")
+    if not seconds <= MAX_DURATION_S:  # also NaN and inf
+        raise ValueError(f"a duration must be at most {MAX_DURATION_S / 86400:.0f} days, got {str(value)[:40]!r}")
     return seconds
 
 

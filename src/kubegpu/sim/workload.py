@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kubegpu.errors import ConfigError
+from kubegpu.files import parse_yaml_text, read_text
 from kubegpu.sim.scenario import JobClass, Scenario
 from kubegpu.sim.units import parse_duration
 
@@ -99,17 +98,11 @@ def _class_jobs(job_class: JobClass, duration: float, rng: random.Random) -> Ite
 def load_trace(path: str | Path) -> list[Job]:
     """Jobs from a YAML or CSV trace (format in the module docstring); one-line ConfigError naming the row."""
     file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read trace: {exc.strerror or exc}") from None
+    text = read_text(file)  # bounded, UTF-8
     if file.suffix.lower() == ".csv":
         rows: list[Any] = list(csv.DictReader(text.splitlines()))
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ConfigError(f"{file}: not valid YAML") from None
+        data = parse_yaml_text(text, str(file))
         listed = data.get("jobs") if isinstance(data, dict) else data
         if not isinstance(listed, list):
             raise ConfigError(f"{file}: expected a list of jobs (or a mapping with 'jobs:')")
@@ -135,9 +128,12 @@ def _trace_job(row: object, where: str, index: int) -> Job:
                 raise ConfigError(f"{where}.{key}: required field is missing")
             return default
         try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}.{key}: expected a number, got {value!r}") from None
+            result = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{where}.{key}: expected a number, got {str(value)[:40]!r}") from None
+        if not abs(result) <= 1e12:  # NaN and inf too: no count, GiB or GPU-second in a trace comes near
+            raise ConfigError(f"{where}.{key}: must be a finite number of magnitude at most 1e12, got {value!r}")
+        return result
 
     def duration(key: str) -> float:
         try:

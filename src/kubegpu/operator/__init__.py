@@ -1,0 +1,1 @@
+"""The operator: one ClusterPolicy installs, orders, validates and upgrades the GPU stack."""

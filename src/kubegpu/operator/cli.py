@@ -1,0 +1,148 @@
+"""`kubegpu operator`: the ClusterPolicy controller, plus two offline commands that show exactly what it would do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from kubegpu.errors import ConfigError
+
+operator_app = typer.Typer(
+    help="The operator: one ClusterPolicy installs, orders, validates and upgrades the whole GPU stack. "
+    "Without a sub-command it runs the controller (kopf, standalone, with leader election).",
+    invoke_without_command=True,
+)
+
+
+def load_policy(path: Path) -> tuple[Any, list[str]]:
+    """Our ClusterPolicy from FILE (ours, or NVIDIA's `nvidia.com/v1`, mapped) and the mapping's notes."""
+    from kubegpu.files import load_yaml_file
+    from kubegpu.operator.nvidia import from_nvidia
+    from kubegpu.operator.policy import parse_policy
+
+    data = load_yaml_file(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a ClusterPolicy must be a mapping")
+    notes: list[str] = []
+    if data.get("apiVersion") == "nvidia.com/v1":
+        data, notes = from_nvidia(data)
+    elif data.get("apiVersion") not in (None, "kubegpu.io/v1"):
+        raise ConfigError(f"{path}: apiVersion: want kubegpu.io/v1 or nvidia.com/v1, got {data.get('apiVersion')!r}")
+    if data.get("kind", "ClusterPolicy") != "ClusterPolicy":
+        raise ConfigError(f"{path}: kind: want ClusterPolicy, got {data.get('kind')!r}")
+    return parse_policy(data, str(path)), notes
+
+
+@operator_app.command("render", help="Print every object the operator would apply (multi-document YAML, in order).")
+def render_command(
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (kubegpu.io/v1 or nvidia.com/v1)"),
+    out_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="write one file per object here"),
+    namespace: str = typer.Option("kubegpu", "--namespace", "-n", help="namespace of the operands"),
+) -> None:
+    from kubegpu.files import write_durable
+    from kubegpu.operator.render import file_name, render, to_yaml
+
+    policy, notes = load_policy(policy_file)
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+    objects = [obj for _, objs in render(policy, namespace) for obj in objs]
+    if out_dir is None:
+        typer.echo(to_yaml(objects), nl=False)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for index, obj in enumerate(objects):
+        write_durable(out_dir / file_name(index, obj), to_yaml([obj]))
+    typer.echo(f"wrote {len(objects)} objects to {out_dir}", err=True)
+
+
+@operator_app.command("convert", help="Print a GPU Operator (nvidia.com/v1) ClusterPolicy as ours (kubegpu.io/v1).")
+def convert_command(
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (nvidia.com/v1 or kubegpu.io/v1)"),
+) -> None:
+    import yaml
+
+    policy, notes = load_policy(policy_file)
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+    data = policy.model_dump(mode="json", exclude_defaults=True)
+    data = {"apiVersion": policy.apiVersion, "kind": policy.kind, "metadata": {"name": policy.name},
+            "spec": data.get("spec", {})}
+    typer.echo(yaml.safe_dump(data, sort_keys=False, width=120), nl=False)
+
+
+@operator_app.command("node-labels", help="Print the node labels the operator would set or remove, per Node.")
+def node_labels_command(
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML"),
+    nodes_file: Path = typer.Option(..., "--nodes", help="Nodes: a YAML list or a kind: List"),
+    output: str = typer.Option("json", "--output", "-o", help="json"),
+) -> None:
+    from kubegpu.files import load_yaml_file
+    from kubegpu.operator.nodelabels import nodes_from, plan_labels
+
+    if output != "json":
+        raise typer.BadParameter(f"unsupported output {output!r} (want json)", param_hint="--output")
+    policy, notes = load_policy(policy_file)
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+    nodes = nodes_from(load_yaml_file(nodes_file), str(nodes_file))
+    plan = plan_labels(policy, nodes)
+    typer.echo(json.dumps({name: change.as_json() for name, change in plan.items()}, indent=2, sort_keys=True))
+
+
+@operator_app.command("crds", help="Print (or write) the CRDs the project defines, as the operator applies them.")
+def crds_command(out_dir: Path | None = typer.Option(None, "--output-dir", "-o")) -> None:
+    from kubegpu.operator.crds import all_crds, write_all
+
+    if out_dir is None:
+        from kubegpu.operator.render import to_yaml
+
+        typer.echo(to_yaml(all_crds()), nl=False)
+    else:
+        for path in write_all(out_dir):
+            typer.echo(str(path), err=True)
+
+
+@operator_app.callback()
+def run_command(
+    ctx: typer.Context,
+    namespace: str = typer.Option("kubegpu", "--namespace", "-n", envvar="POD_NAMESPACE",
+                                  help="namespace of the operands and of the leader lease"),
+    skip_crds: bool = typer.Option(False, "--skip-crds", help="do not server-side apply our CRDs at start"),
+    crds_dir: Path | None = typer.Option(None, "--crds-dir", help="CRD YAML to apply at start besides ours"),
+    metrics_address: str = typer.Option(":8080", "--metrics-address", help="HOST:PORT for /metrics ('' for none)"),
+) -> None:
+    """Run the ClusterPolicy controller (kopf, standalone, with leader election)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kubegpu.operator.controller import run
+
+    run(namespace=namespace, apply_crds_at_start=not skip_crds, crds_dir=crds_dir,
+        metrics_address=metrics_address or None)
+
+
+def _looks_like_policy(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == "ClusterPolicy" and \
+        data.get("apiVersion") in ("kubegpu.io/v1", "nvidia.com/v1")
+
+
+def _validate_policy(data: object, source: str, _options: object) -> str:
+    from kubegpu.operator.nvidia import from_nvidia
+    from kubegpu.operator.policy import parse_policy
+
+    assert isinstance(data, dict)
+    notes: list[str] = []
+    if data.get("apiVersion") == "nvidia.com/v1":
+        data, notes = from_nvidia(data)
+    policy = parse_policy(data, source)
+    enabled = [name for name, block in policy.spec if getattr(block, "enabled", False)]
+    return f"{len(enabled)} components enabled" + (f", {len(notes)} NVIDIA fields not honoured" if notes else "")
+
+
+def register(app: typer.Typer) -> None:
+    from kubegpu.config import register_validator
+
+    app.add_typer(operator_app, name="operator")
+    register_validator("ClusterPolicy", _looks_like_policy, _validate_policy)

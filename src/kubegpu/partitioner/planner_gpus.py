@@ -1,0 +1,199 @@
+"""The greedy planner's per-GPU working state: a MIG GPU's tagged layout, an MPS GPU's slices. Immutable, so an
+option is a new state and trying and discarding one is free of side effects; also the exact planner's view of
+which instances are in use and which are free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from kubegpu.gpu.catalog import GpuModel
+from kubegpu.gpu.geometry import PlacedInstance, free_space_score, layout_errors, place
+from kubegpu.partitioner.planner_model import GpuPlan, mig_resource, mps_resource, mps_size
+from kubegpu.sharing.names import mig_resource_name
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-GPU working state. Immutable: an option is a new state, so trying and discarding is free of side effects.
+
+FREE, CLAIMED, USED = "free", "claimed", "used"
+
+
+@dataclass(frozen=True)
+class MigGpu:
+    index: int
+    model: GpuModel
+    layout: tuple[tuple[PlacedInstance, str], ...]  # each instance with its tag
+    original: tuple[PlacedInstance, ...]
+    frozen: bool = False
+
+    def resources(self) -> dict[str, int]:
+        return _resource_ids(self.model)
+
+    def claim(self, resource: str) -> MigGpu | None:
+        profile_id = self.resources().get(resource)
+        for i, (inst, tag) in enumerate(self.layout):
+            if tag == FREE and inst.profile_id == profile_id:
+                return replace(self, layout=(*self.layout[:i], (inst, CLAIMED), *self.layout[i + 1 :]))
+        return None
+
+    @cached_property
+    def _memo(self) -> dict[str, MigGpu | None]:
+        return {}
+
+    def add(self, resource: str) -> MigGpu | None:
+        """The cheapest way to create one more instance of `resource` (already claimed), or None. Memoised: the
+        state is immutable and the same GPU is asked again for every pod order and every node re-evaluation."""
+        if resource not in self._memo:
+            self._memo[resource] = self._add(resource)
+        return self._memo[resource]
+
+    def _add(self, resource: str) -> MigGpu | None:
+        profile_id = self.resources().get(resource)
+        if profile_id is None or self.frozen:
+            return None
+        # The options come cheapest first (moving planned instances only when nothing else works): take the first.
+        return next((option for option in self._additions(profile_id) if option is not None), None)
+
+    def _additions(self, profile_id: int) -> Iterable[MigGpu | None]:
+        """Options in rising cost: add beside everything; drop unclaimed free instances; re-place planned ones."""
+        everything = [inst for inst, _ in self.layout]
+        yield self._with(_placed(self.model, [profile_id], everything), keep=self.layout)
+        pinned = [(i, t) for i, t in self.layout if t == USED or (t == CLAIMED and i in self.original)]
+        movable = [i.profile_id for i, t in self.layout if t == CLAIMED and i not in self.original]
+        frees = [(i, t) for i, t in self.layout if t == FREE]
+        placed = _placed(self.model, [*movable, profile_id], [i for i, _ in pinned])
+        if placed is not None:
+            yield self._refill(pinned, placed, frees)
+        used = [(i, t) for i, t in self.layout if t == USED]
+        claimed = [i.profile_id for i, t in self.layout if t == CLAIMED]
+        placed = _placed(self.model, [*claimed, profile_id], [i for i, _ in used])
+        if placed is not None:
+            yield self._refill(used, placed, frees)
+
+    def _with(self, placed: list[PlacedInstance] | None, keep: Sequence[tuple[PlacedInstance, str]]) -> MigGpu | None:
+        if placed is None:
+            return None
+        return replace(self, layout=(*keep, *((i, CLAIMED) for i in placed)))
+
+    def _refill(self, pinned: Sequence[tuple[PlacedInstance, str]], placed: list[PlacedInstance],
+                frees: Sequence[tuple[PlacedInstance, str]]) -> MigGpu:
+        """Put back the unclaimed free instances that still fit, so as few as possible are destroyed."""
+        state = replace(self, layout=(*pinned, *((i, CLAIMED) for i in placed)))
+        for inst, tag in frees:
+            trial = (*state.layout, (inst, tag))
+            if not layout_errors(self.model, [i for i, _ in trial]):
+                state = replace(state, layout=trial)
+        return state
+
+    @cached_property
+    def changes(self) -> int:
+        now = Counter(i for i, _ in self.layout)
+        before = Counter(self.original)
+        return sum((now - before).values()) + sum((before - now).values())
+
+    @cached_property
+    def fragmentation(self) -> int:
+        """Lower is better: minus geometry's measure of how useful the free space is."""
+        return -free_space_score(self.model, [i for i, _ in self.layout])
+
+    @cached_property
+    def free_counts(self) -> Counter[str]:
+        """Instances a new pod could get: all but those in use."""
+        return Counter(mig_resource(self.model, i.profile_id) for i, t in self.layout if t != USED)
+
+    def plan(self) -> GpuPlan:
+        now = Counter(i for i, _ in self.layout)
+        before = Counter(self.original)
+        return GpuPlan(
+            index=self.index,
+            model_key=self.model.key,
+            instances=tuple(sorted(now.elements(), key=lambda i: (i.start, i.profile_id))),
+            created=sum((now - before).values()),
+            destroyed=sum((before - now).values()),
+        )
+
+
+@dataclass(frozen=True)
+class MpsGpu:
+    index: int
+    model_key: str
+    capacity_gb: int
+    slices: tuple[tuple[int, str], ...]
+    original: tuple[int, ...]
+    frozen: bool = False
+
+    def claim(self, resource: str) -> MpsGpu | None:
+        size = mps_size(resource)
+        for i, (gb, tag) in enumerate(self.slices):
+            if tag == FREE and gb == size:
+                return replace(self, slices=(*self.slices[:i], (gb, CLAIMED), *self.slices[i + 1 :]))
+        return None
+
+    def add(self, resource: str) -> MpsGpu | None:
+        """Add a slice in spare memory, dropping the largest unclaimed free slices first when memory is short."""
+        size = mps_size(resource)
+        if size is None or size <= 0 or self.frozen:
+            return None
+        kept = list(self.slices)
+        frees = sorted((s for s in kept if s[1] == FREE), key=lambda s: -s[0])
+        while sum(gb for gb, _ in kept) + size > self.capacity_gb:
+            if not frees:
+                return None
+            kept.remove(frees.pop(0))
+        return replace(self, slices=(*kept, (size, CLAIMED)))
+
+    @cached_property
+    def changes(self) -> int:
+        now, before = Counter(gb for gb, _ in self.slices), Counter(self.original)
+        return sum((now - before).values()) + sum((before - now).values())
+
+    @cached_property
+    def fragmentation(self) -> int:
+        return self.capacity_gb - sum(gb for gb, _ in self.slices)  # best fit: fill the fullest GPU first
+
+    @cached_property
+    def free_counts(self) -> Counter[str]:
+        return Counter(mps_resource(gb) for gb, t in self.slices if t != USED)
+
+    def plan(self) -> GpuPlan:
+        now, before = Counter(gb for gb, _ in self.slices), Counter(self.original)
+        return GpuPlan(
+            index=self.index,
+            model_key=self.model_key,
+            slices=tuple(sorted(now.elements())),
+            created=sum((now - before).values()),
+            destroyed=sum((before - now).values()),
+        )
+
+
+GpuState = MigGpu | MpsGpu
+
+
+_RESOURCE_IDS: dict[tuple[str, int], dict[str, int]] = {}
+_PLACED: dict[tuple[str, int, tuple[int, ...], tuple[PlacedInstance, ...]], tuple[PlacedInstance, ...] | None] = {}
+
+
+def _resource_ids(model: GpuModel) -> dict[str, int]:
+    """`nvidia.com/mig-<profile>` → GI profile id, for one model (ids differ between models: A30 vs A100).
+    Memoised on the model's key and identity: hashing a whole GpuModel on every call was a third of plan time."""
+    key = (model.key, id(model))
+    found = _RESOURCE_IDS.get(key)
+    if found is None:
+        found = _RESOURCE_IDS[key] = {mig_resource_name(p.name): p.profile_id for p in model.mig_profiles}
+    return found
+
+
+def _placed(model: GpuModel, wanted: Sequence[int], fixed: Sequence[PlacedInstance]) -> list[PlacedInstance] | None:
+    """`geometry.place`, returning only the new instances; memoised, as the same GPU shapes recur across plans."""
+    key = (model.key, id(model), tuple(sorted(wanted)), tuple(sorted(fixed)))
+    if key not in _PLACED:
+        if len(_PLACED) > 100_000:
+            _PLACED.clear()
+        result = place(model, key[2], key[3])
+        # place returns the fixed instances first, as given, then the new ones
+        _PLACED[key] = None if result is None else tuple(result[len(key[3]):])
+    found = _PLACED[key]
+    return list(found) if found is not None else None

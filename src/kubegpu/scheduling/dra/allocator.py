@@ -1,0 +1,297 @@
+"""The structured-parameters allocator: what kube-scheduler's DRA plugin decides, as a pure function.
+
+Given ResourceSlices, DeviceClasses, the devices other claims already hold and some claims, find devices for every
+request of every claim on one node. The search is the scheduler's (reference/dra.md §4): claims in order, each
+claim's requests in spec order, for a request its device slots one by one, candidates in (driver, pool) order then
+slice name then device order, the next slot resuming after the previous pick; depth-first with backtracking, first
+complete solution wins. `firstAvailable` tries its subrequests in order. Per candidate, cheapest check first: in
+use, class and request selectors (cached per expression and device), shared counters, taints, constraints.
+
+Why exhaustive first-fit and not something smarter: the point is to predict what the real scheduler will do with
+our slices, including its quirks (a driver's device order steers the result). A step budget bounds the exponential
+worst case the way the scheduler's Filter timeout does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubegpu.errors import KubegpuError
+from kubegpu.scheduling.dra.celenv import compile_selector
+from kubegpu.scheduling.dra.model import (
+    BLOCKING_EFFECTS,
+    AttrValue,
+    Claim,
+    Constraint,
+    Device,
+    DeviceClass,
+    DeviceId,
+    Request,
+    ResourceSlice,
+    Result,
+    SubRequest,
+)
+
+MAX_DEVICES_PER_CLAIM = 32  # AllocationResultsMaxSize
+DEFAULT_STEP_BUDGET = 200_000
+
+
+class ClaimError(KubegpuError):
+    """A claim that can never be allocated as written (unknown class, failing CEL, All over an incomplete pool)."""
+
+
+@dataclass
+class Pool:
+    driver: str
+    name: str
+    generation: int
+    devices: list[Device]
+    counters: dict[tuple[str, str], float]  # (counter set, counter) -> total
+    node_names: set[str]
+    all_nodes: bool
+    incomplete: bool
+    invalid: str = ""
+
+    def on_node(self, node: str | None) -> bool:
+        return self.all_nodes or node is None or node in self.node_names
+
+
+@dataclass
+class _Search:
+    """Mutable state of one Allocate call (what is picked, counters used, constraint values)."""
+
+    in_use: set[DeviceId]
+    available: dict[tuple[str, str], dict[tuple[str, str], float]]  # pool key -> counter -> available
+    consumed: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
+    picked: list[tuple[Device, SubRequest]] = field(default_factory=list)
+    picked_ids: set[DeviceId] = field(default_factory=set)
+    owner: dict[int, str] = field(default_factory=dict)  # id(SubRequest) -> claim key
+    steps: int = 0
+    deepest: tuple[int, str] = (-1, "")  # the furthest request the search could not satisfy
+
+
+class Allocator:
+    """Allocates claims against a fixed set of slices and classes; cheap to query for many nodes and claims."""
+
+    def __init__(self, slices: Iterable[ResourceSlice], classes: Mapping[str, DeviceClass],
+                 step_budget: int = DEFAULT_STEP_BUDGET) -> None:
+        self.classes = dict(classes)
+        self.pools = gather_pools(slices)
+        self.step_budget = step_budget
+        self._devices = {d.id: d for pool in self.pools for d in pool.devices}
+        self._candidate_cache: dict[tuple[tuple[int, ...], tuple[str, ...]], list[Device]] = {}
+
+    # --- queries ----------------------------------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        """Every node some slice names (sorted); [""] when every pool serves all nodes."""
+        names = sorted({n for pool in self.pools for n in pool.node_names})
+        return names or [""]
+
+    def device(self, device_id: DeviceId) -> Device | None:
+        return self._devices.get(device_id)
+
+    # --- allocation -------------------------------------------------------------------------------------------------
+
+    def allocate(self, node: str | None, claims: Sequence[Claim],
+                 in_use: Iterable[DeviceId] = ()) -> dict[str, tuple[Result, ...]] | None:
+        """Results per claim key when all `claims` fit on `node` together, else None.
+
+        `in_use`: devices held by claims already allocated in the cluster (their counters are taken too).
+        Raises ClaimError for a claim that cannot be allocated anywhere as written.
+        """
+        used = set(in_use)
+        pools = [p for p in self.pools if p.on_node(node) and not p.invalid]
+        search = _Search(in_use=used, available={(p.driver, p.name): self._available(p, used) for p in pools},
+                         owner={id(alt): c.key for c in claims for r in c.requests for alt in r.alternatives})
+        steps = [(claim, request) for claim in claims for request in claim.requests]
+        if self._search(pools, steps, 0, search):
+            out: dict[str, list[Result]] = {claim.key: [] for claim in claims}
+            for device, sub in search.picked:
+                out[search.owner[id(sub)]].append(Result(sub.name, device.id.driver, device.id.pool, device.id.device))
+            return {key: tuple(value) for key, value in out.items()}
+        self.last_failure = search.deepest[1]
+        return None
+
+    last_failure: str = ""
+    """After a failed `allocate`: the furthest request (`<request>` or `<request>/<sub>`) that found no devices."""
+
+    def _available(self, pool: Pool, used: set[DeviceId]) -> dict[tuple[str, str], float]:
+        available = dict(pool.counters)
+        for device in pool.devices:
+            if device.id in used:
+                for set_name, counters in device.consumes:
+                    for counter, amount in counters:
+                        key = (set_name, counter)
+                        if key in available:
+                            available[key] = available[key] - amount
+        return available
+
+    def _search(self, pools: list[Pool], steps: list[tuple[Claim, Request]], index: int, search: _Search) -> bool:
+        if index == len(steps):
+            return True
+        claim, request = steps[index]
+        for sub in request.alternatives:
+            candidates = self._candidates(pools, claim, sub)
+            if sub.mode == "All":
+                for pool in pools:
+                    if pool.incomplete and any(d in candidates for d in pool.devices):
+                        raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r} asks for All devices but "
+                                         f"pool {pool.driver}/{pool.name} is incomplete")
+                if candidates and self._take_all(pools, steps, index, claim, sub, candidates, 0, search):
+                    return True
+            elif self._take_slot(pools, steps, index, claim, sub, candidates, 0, 0, search):
+                return True
+            if index >= search.deepest[0]:
+                search.deepest = (index, sub.name)
+        return False
+
+    def _take_slot(self, pools: list[Pool], steps: list[tuple[Claim, Request]], index: int, claim: Claim,
+                   sub: SubRequest, candidates: list[Device], slot: int, start: int, search: _Search) -> bool:
+        if slot == sub.count:
+            return self._search(pools, steps, index + 1, search)
+        if _claim_devices(claim, search) + sub.count - slot > MAX_DEVICES_PER_CLAIM:
+            return False
+        for position in range(start, len(candidates) - (sub.count - slot) + 1):
+            device = candidates[position]
+            if self._try(device, claim, sub, search):
+                if self._take_slot(pools, steps, index, claim, sub, candidates, slot + 1, position + 1, search):
+                    return True
+                self._release(search)
+        return False
+
+    def _take_all(self, pools: list[Pool], steps: list[tuple[Claim, Request]], index: int, claim: Claim,
+                  sub: SubRequest, candidates: list[Device], slot: int, search: _Search) -> bool:
+        if slot == len(candidates):
+            return self._search(pools, steps, index + 1, search)
+        if not self._try(candidates[slot], claim, sub, search):
+            return False
+        if self._take_all(pools, steps, index, claim, sub, candidates, slot + 1, search):
+            return True
+        self._release(search)
+        return False
+
+    def _candidates(self, pools: list[Pool], claim: Claim, sub: SubRequest) -> list[Device]:
+        """Devices of `pools` the class and request selectors accept, in search order (cached: slices are fixed)."""
+        device_class = self.classes.get(sub.class_name)
+        if device_class is None:
+            raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r}: DeviceClass {sub.class_name!r} "
+                             "not found")
+        expressions = (*device_class.selectors, *sub.selectors)
+        key = (tuple(id(p) for p in pools), expressions)
+        cached = self._candidate_cache.get(key)
+        if cached is None:
+            cached = [d for pool in pools for d in pool.devices if self._selectable_by(d, expressions, claim)]
+            self._candidate_cache[key] = cached
+        return cached
+
+    def _selectable_by(self, device: Device, expressions: tuple[str, ...], claim: Claim) -> bool:
+        for expression in expressions:
+            try:
+                if not compile_selector(expression).matches(device.view, device.memo):
+                    return False
+            except KubegpuError as exc:
+                raise ClaimError(f"ResourceClaim {claim.key}: device {device.id.pool}/{device.id.device}: "
+                                 f"{exc}") from None
+        return True
+
+    # --- per-device checks ------------------------------------------------------------------------------------------
+
+    def _try(self, device: Device, claim: Claim, sub: SubRequest, search: _Search) -> bool:
+        """Pick `device` for `sub` if every check passes (then the caller must `_release` on backtrack)."""
+        search.steps += 1
+        if search.steps > self.step_budget:
+            raise ClaimError(f"ResourceClaim {claim.key}: allocation search exceeded {self.step_budget} steps")
+        if device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
+            return False
+        if not self._counters_fit(device, search):
+            return False
+        for taint in device.taints:
+            if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in sub.tolerations):
+                return False
+        if not _constraints_hold(claim.constraints, device, sub, claim, search):
+            return False
+        self._consume(device, search, 1.0)
+        search.picked.append((device, sub))
+        search.picked_ids.add(device.id)
+        return True
+
+    def _release(self, search: _Search) -> None:
+        device, _ = search.picked.pop()
+        search.picked_ids.discard(device.id)
+        self._consume(device, search, -1.0)
+
+    def _counters_fit(self, device: Device, search: _Search) -> bool:
+        if not device.consumes:
+            return True
+        pool_key = (device.id.driver, device.id.pool)
+        available = search.available.get(pool_key, {})
+        consumed = search.consumed.get(pool_key, {})
+        for set_name, counters in device.consumes:
+            for counter, amount in counters:
+                key = (set_name, counter)
+                if key not in available:
+                    return False
+                if consumed.get(key, 0.0) + amount > max(available[key], 0.0):
+                    return False
+        return True
+
+    def _consume(self, device: Device, search: _Search, sign: float) -> None:
+        if not device.consumes:
+            return
+        consumed = search.consumed.setdefault((device.id.driver, device.id.pool), {})
+        for set_name, counters in device.consumes:
+            for counter, amount in counters:
+                consumed[(set_name, counter)] = consumed.get((set_name, counter), 0.0) + sign * amount
+
+
+def _claim_devices(claim: Claim, search: _Search) -> int:
+    return sum(1 for _, sub in search.picked if search.owner[id(sub)] == claim.key)
+
+
+def _constraints_hold(constraints: tuple[Constraint, ...], device: Device, sub: SubRequest, claim: Claim,
+                      search: _Search) -> bool:
+    """matchAttribute: same typed value as the claim's earlier devices; distinctAttribute: different from all."""
+    for constraint in constraints:
+        if not constraint.applies(sub):
+            continue
+        value = device.attribute(constraint.attribute)
+        if value is None:
+            return False
+        earlier: list[AttrValue | None] = [
+            other.attribute(constraint.attribute) for other, other_sub in search.picked
+            if search.owner[id(other_sub)] == claim.key and constraint.applies(other_sub)
+        ]
+        if constraint.distinct:
+            if value in earlier:
+                return False
+        elif earlier and earlier[0] != value:
+            return False
+    return True
+
+
+def gather_pools(slices: Iterable[ResourceSlice]) -> list[Pool]:
+    """Per (driver, pool) the slices of the highest generation, sorted by (driver, pool); devices in slice-name
+    order. A pool with fewer slices than `resourceSliceCount` is incomplete; one with a device name twice, invalid."""
+    by_pool: dict[tuple[str, str], list[ResourceSlice]] = defaultdict(list)
+    for item in slices:
+        by_pool[(item.driver, item.pool)].append(item)
+    pools = []
+    for (driver, name), members in sorted(by_pool.items()):
+        generation = max(s.generation for s in members)
+        current = sorted((s for s in members if s.generation == generation), key=lambda s: s.name)
+        counters: dict[tuple[str, str], float] = {}
+        for item in current:
+            for set_name, values in item.shared_counters.items():
+                for counter, amount in values.items():
+                    counters[(set_name, counter)] = counters.get((set_name, counter), 0.0) + amount
+        devices = [d for s in current for d in s.devices]
+        names = [d.id.device for d in devices]
+        invalid = "duplicate device names" if len(names) != len(set(names)) else ""
+        pools.append(Pool(driver=driver, name=name, generation=generation, devices=devices, counters=counters,
+                          node_names={s.node_name for s in current if s.node_name},
+                          all_nodes=any(s.all_nodes for s in current),
+                          incomplete=len(current) < max(s.slice_count for s in current), invalid=invalid))
+    return pools

@@ -1,0 +1,270 @@
+"""Accounting for pods: the pending queue and kube-scheduler's binding pass, the devices each pod gets, its speed
+under sharing (`kubegpu.sim.perf`) and the work it has left, OOM kills, completions, evictions and retries — every
+number the metrics collector records.
+
+Why it is fast enough for a day of 800 GPUs and 50,000 pods: NodeInfos are updated in place (never rebuilt per
+pod), pods are parsed once, pending pods are queued per request shape, and a shape that did not fit is not tried
+again until capacity of its resource is freed (what kube-scheduler's queueing hints do).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any
+
+from kubegpu.gpu.catalog import GpuModel
+from kubegpu.scheduling import NodeInfo, pod_requirements, select_node
+from kubegpu.sharing.devices import (
+    AnnotatedDevice,
+)
+from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
+from kubegpu.sim.state import (
+    _ARRIVAL,
+    _FINISH,
+    _OOM,
+    CLASS_LABEL,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
+    Attempt,
+    Partition,
+    SimCore,
+    SimNode,
+    _partition_key,
+    _unique,
+)
+from kubegpu.sim.strategies import GpuRequest
+from kubegpu.sim.workload import Job
+
+
+class Accounting(SimCore):
+    """The pod side of `Simulation` (and `SimControl.pending_pods`)."""
+
+    def _freed(self, resource: str) -> None:
+        self._capacity_version[resource] = self._capacity_version.get(resource, 0) + 1
+        self._dirty = True
+
+    def _enqueue(self, job: Job, attempt: int, ooms: int, now: float) -> None:
+        request = self.strategy.request_for(job, self.models)
+        name = job.name if attempt == 0 else f"{job.name}-r{attempt}"
+        pod = _pod_object(name, job, request)
+        requests = {request.resource: float(request.count), "pods": 1.0}
+        run = Attempt(job, attempt, ooms, name, request, now, next(self._seq), pod, requests,
+                      pod_requirements(pod, requests))
+        heapq.heappush(self._queues.setdefault(request, []), (run.sort_key(), run))
+        self.metrics.queued(run)
+        self.cluster.create(pod)
+        self._dirty = True
+
+    def _pending_count(self) -> int:
+        return sum(len(queue) for queue in self._queues.values())
+
+    def _schedule(self) -> None:
+        """One scheduling pass: bind pending pods in priority/FIFO order until every request shape stops fitting."""
+        self._dirty = False
+        heads = []
+        for request, queue in self._queues.items():
+            version = self._capacity_version.get(request.resource, 0)
+            if queue and self._failed_at.get(request) != version:
+                heads.append((queue[0][0], request))
+        heapq.heapify(heads)
+        while heads:
+            _, request = heapq.heappop(heads)
+            queue = self._queues[request]
+            run = queue[0][1]
+            node = self._choose_node(run)
+            if node is None:
+                self._failed_at[request] = self._capacity_version.get(request.resource, 0)
+                continue
+            heapq.heappop(queue)
+            self._bind(run, node)
+            if queue:
+                heapq.heappush(heads, (queue[0][0], request))
+
+    def _choose_node(self, run: Attempt) -> SimNode | None:
+        """kube-scheduler's choice, asked of one node per class of identical nodes: fit and score are the same
+        for all of them and ties go to the first, so the answer is the one the full list would give."""
+        resource, count = run.request.resource, run.request.count
+        representatives: dict[tuple[Any, ...], NodeInfo] = {}
+        for node in self._nodes.values():
+            if node.ready and len(node.free.get(resource, ())) >= count:
+                representatives.setdefault(node.state_key(), node.info)
+        if not representatives:
+            return None
+        chosen = select_node(run.need, representatives.values(), self.scoring)
+        return None if chosen is None else self._nodes[chosen.name]
+
+    def _bind(self, run: Attempt, node: SimNode) -> None:
+        now = self.clock.now()
+        run.node = node
+        run.devices = _pick_devices(node, run.request)
+        node.info.add_pod(run.pod, run.requests)
+        node.running.append(run)
+        node.touch()
+        run.parts = _unique([node.partitions[_partition_key(d)] for d in run.devices])
+        run.remaining = run.job.work
+        run.updated = now
+        run.speed = 0.0
+        first = run.devices[0]
+        run.thread_fraction = (first.mps_thread_percentage or 100) / 100.0
+        run.alloc_weight = sum(_alloc_weight(node.model, d) for d in run.devices)
+        run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
+        for part in run.parts:
+            part.residents.append(run)
+        self.metrics.started(run, now)
+        name, namespace = run.pod["metadata"]["name"], run.pod["metadata"]["namespace"]
+        self.cluster.patch("Pod", name, {"spec": {"nodeName": node.name}}, namespace=namespace)
+        self.cluster.patch("Pod", name, {"status": {"phase": "Running"}}, namespace=namespace,
+                           subresource="status")
+        if node.rejects_multiple_shared and run.request.count > 1 and run.devices[0].shared:
+            self._stop(run, "rejected")  # the device plugin's Allocate fails: the kubelet fails the pod
+            return
+        for victim in self._oom_victims(run):
+            self._push(now + self.params.oom_delay_s, _OOM, victim)
+        self._reprice(run.parts)
+
+    def _oom_victims(self, run: Attempt) -> list[Attempt]:
+        """Who runs out of memory now that `run` has started: `run` itself when its isolated partition (MIG slice,
+        MPS limit) is too small; on a shared whole GPU, the newest pods until the rest fits."""
+        victims: list[Attempt] = []
+        for part, device in zip(run.parts, run.devices, strict=False):
+            limit = device.mps_memory_mib / 1024 if device.mps_memory_mib else None
+            if part.mig or limit is not None:
+                if run.job.memory_gib > (limit if limit is not None else part.memory_gib) + 1e-9:
+                    victims.append(run)
+            else:
+                residents = part.residents
+                for index in newest_to_kill([r.job.memory_gib for r in residents], part.memory_gib):
+                    victims.append(residents[index])
+        return _unique(victims)
+
+    def _reprice(self, parts: Sequence[Partition]) -> None:
+        """Recompute the speed of every pod on these partitions and move their completion events."""
+        now = self.clock.now()
+        speeds: dict[int, float] = {}
+        affected: dict[int, Attempt] = {}
+        part_speeds = {id(part): self._partition_speeds(part) for part in parts}
+        for part in parts:
+            for run in part.residents:
+                affected[id(run)] = run
+        for key, run in affected.items():
+            speed = 1.0
+            for part in run.parts:
+                own = part_speeds.get(id(part))
+                if own is None:
+                    own = part_speeds[id(part)] = self._partition_speeds(part)
+                speed = min(speed, own[id(run)])
+            speeds[key] = speed
+        for key, run in affected.items():
+            speed = speeds[key]
+            if speed == run.speed:
+                continue
+            run.remaining -= run.speed * run.job.gpus * (now - run.updated)
+            run.updated = now
+            self.metrics.speed_changed(run, run.speed, speed)
+            run.speed = speed
+            run.version += 1
+            rate = speed * run.job.gpus
+            if rate > 0:  # a pod at speed 0 (never with the built-in model) waits for its next repricing
+                self._push(now + max(0.0, run.remaining) / rate, _FINISH, (run, run.version))
+
+    def _partition_speeds(self, part: Partition) -> dict[int, float]:
+        runs = part.residents
+        needs = [run.job.compute for run in runs]
+        if part.sharing == "mps":
+            speeds = mps_speeds(needs, [run.thread_fraction for run in runs], self.params)
+        else:
+            speeds = time_slicing_speeds(needs, self.params)
+        if part.mig:
+            speeds = [s * mig_speed(run.job.compute, part.sms, part.full_sms, self.params)
+                      for s, run in zip(speeds, runs, strict=True)]
+        return {id(run): speed for run, speed in zip(runs, speeds, strict=True)}
+
+    def _stop(self, run: Attempt, outcome: str) -> None:
+        """A pod ends (completed, oom, evicted): free its devices, reprice its neighbours, retry if it may."""
+        now = self.clock.now()
+        node = run.node
+        assert node is not None
+        run.remaining -= run.speed * run.job.gpus * (now - run.updated)
+        self.metrics.stopped(run, now, outcome)
+        node.info.remove_pod(run.pod, run.requests)
+        node.running.remove(run)
+        node.touch()
+        for part in run.parts:
+            part.residents.remove(run)
+        for device in run.devices:
+            if device.resource in node.free and node.partitions.get(_partition_key(device)) is not None:
+                node.free[device.resource].append(device)
+        node.free.get(run.request.resource, []).sort(key=lambda d: d.id)
+        run.node = None
+        run.version += 1
+        self._freed(run.request.resource)
+        self.cluster.delete("Pod", run.pod["metadata"]["name"], namespace=run.pod["metadata"]["namespace"])
+        self._reprice(run.parts)
+        if outcome == "oom" and run.ooms < run.job.max_retries:
+            backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2**run.ooms)
+            self._push(now + backoff, _ARRIVAL, (run.job, run.attempt + 1, run.ooms + 1))
+        elif outcome == "evicted":
+            self._push(now, _ARRIVAL, (run.job, run.attempt + 1, run.ooms))
+
+    def _finish_metrics(self) -> None:
+        now = self.clock.now()
+        for queue in self._queues.values():
+            for _, run in queue:
+                self.metrics.still_pending(run, now)
+
+    def pending_pods(self) -> list[dict[str, Any]]:
+        runs = [run for queue in self._queues.values() for _, run in queue]
+        runs.sort(key=Attempt.sort_key)
+        return [run.pod for run in runs]
+
+
+def _pod_object(name: str, job: Job, request: GpuRequest) -> dict[str, Any]:
+    limits = {request.resource: str(request.count)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": job.namespace, "uid": f"sim-{name}",
+                     "labels": {CLASS_LABEL: job.klass}},
+        "spec": {"priority": job.priority, "containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def _alloc_weight(model: GpuModel, device: AnnotatedDevice) -> float:
+    """How much of a GPU one device ID hands out: a whole GPU, a MIG slice's compute share, or one replica."""
+    if device.mps_memory_mib and device.replica is None:
+        return device.mps_memory_mib / model.memory_mib
+    share = 1.0 / device.replicas if device.replica is not None else 1.0
+    if device.mig is not None and model.mig_compute_slices:
+        share *= model.profile(device.mig.profile_id).compute_slices / model.mig_compute_slices
+    return share
+
+
+def _pick_devices(node: SimNode, request: GpuRequest) -> list[AnnotatedDevice]:
+    """The devices a pod gets: whole devices in ID order; replicas spread over the least-shared GPUs first (what
+    NVIDIA's device plugin prefers for shared GPUs)."""
+    free = node.free[request.resource]
+    if free[0].replica is None:
+        chosen = free[: request.count]
+    else:
+        load: dict[int, int] = {}
+        for run in node.running:
+            for device in run.devices:
+                load[device.gpu_index] = load.get(device.gpu_index, 0) + 1
+        ranked = sorted(free, key=lambda d: (load.get(d.gpu_index, 0), d.gpu_index, d.id))
+        chosen, used_gpus = [], set()
+        for device in ranked:
+            if device.gpu_index not in used_gpus:
+                chosen.append(device)
+                used_gpus.add(device.gpu_index)
+            if len(chosen) == request.count:
+                break
+        for device in ranked:
+            if len(chosen) == request.count:
+                break
+            if device not in chosen:
+                chosen.append(device)
+    taken = {d.id for d in chosen}
+    node.free[request.resource] = [d for d in free if d.id not in taken]
+    return list(chosen)
