@@ -9,16 +9,19 @@ against the exact planner's optimum for the same demand, and how long NodePrepar
     empty GPUs: the most pods any layout can serve — the reference for what first-fit over partitionable devices
     loses;
   * NodePrepareResources p50/p99 through the real gRPC socket on the simulated backend, for whole-GPU claims (no
-    MIG creation) and for dynamic-MIG claims (instance created at prepare), with the driver's state on tmpfs (its
-    own cost) and on disk (checkpoint and CDI fsyncs included).
+    GPU change), dynamic-MIG claims (instance created at prepare), and both on GPUs whose MIG mode has to switch,
+    with the driver's state on tmpfs (its own cost) and on disk (every durable write's fsyncs included); the
+    issue's target, p99 < 5 ms without the MIG creation delay, is checked on the first two.
 
-Run: python benchmarks/dra_allocate.py [--quick] [--seed N]
+Run: python benchmarks/dra_allocate.py [--quick] [--seed N] [--prepare-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import statistics
 import sys
@@ -26,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,7 +43,7 @@ from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.partitioner.planner import GpuInput, NodeInput, plan
 from kubegpu.scheduling.dra import allocate_in_order, parse_all
-from tests.dra.fake_kubelet import FakeDraKubelet
+from tests.dra.fake_kubelet import SERVICES, FakeDraKubelet
 
 MODEL = "H100-SXM5-80GB"
 MIX = {"1g.10gb": 40, "1g.20gb": 10, "2g.20gb": 25, "3g.40gb": 15, "4g.40gb": 5, "7g.80gb": 5}
@@ -77,35 +82,100 @@ def exact_optimum(nodes: int, profiles: list[str], time_limit: float) -> tuple[i
     return len(result.assignments), time.perf_counter() - started, result.optimal
 
 
+LATENCY_KINDS = {  # what each measured prepare does on the simulated H100s (8 GPUs, minor = index)
+    "whole GPU": "GPUs 0-3, never cut: CDI spec and checkpoint only",
+    "dynamic MIG": "a 1g.10gb instance created on GPU 4 or 5, next to 6 held ones",
+    "whole GPU, MIG mode off": "GPU 6 or 7 after a MIG claim: MIG mode switched off at prepare",
+    "dynamic MIG, MIG mode on": "GPU 6 or 7 after a whole-GPU claim: MIG mode on, then the instance",
+}
+
+
+def _claim(name: str, device: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "bench", "uid": name},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}]}}}}
+
+
+def _latency_plan(rounds: int) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """The held claims (name, device) and the measured ones (kind, name, device), in the order the kubelet sends
+    them: per round one claim of each LATENCY_KINDS kind, each unprepared before the next."""
+    held = [(f"held-{g}-{s}", f"gpu-{g}-mig-1g10gb-19-{s}") for g in (4, 5) for s in range(6)]
+    measured = []
+    for k in range(rounds):
+        switch = 6 + k % 2
+        for kind, device in (("whole GPU", f"gpu-{k % 4}"), ("dynamic MIG", f"gpu-{4 + k % 2}-mig-1g10gb-19-6"),
+                             ("whole GPU, MIG mode off", f"gpu-{switch}"),
+                             ("dynamic MIG, MIG mode on", f"gpu-{switch}-mig-1g10gb-19-6")):
+            measured.append((kind, f"c{k}-{kind.replace(' ', '').replace(',', '-').lower()}", device))
+    return held, measured
+
+
 async def prepare_latency(rounds: int, base: str | None) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"whole GPU": [], "dynamic MIG": []}
+    """NodePrepareResources wall time per kind (LATENCY_KINDS), each claim unprepared before the next; 12 other
+    claims stay prepared throughout, so the checkpoint holds a node's worth of records.
+
+    The kubelet is a process of its own, as on a node: its gRPC client and timing loop do not share the driver's
+    interpreter (and GIL), so what is measured is the driver's answer plus the socket round trip."""
+    held, measured = _latency_plan(rounds)
     with tempfile.TemporaryDirectory(prefix="drab", dir=base) as tmp:
         root = Path(tmp)
         SimulatedBackend.create(root / "node.json", gpus=f"8x{MODEL}", node_name="node-a")
-        claims: dict[tuple[str, str], dict[str, Any]] = {}
+        claims = {("bench", name): _claim(name, device) for name, device in held}
+        claims.update({("bench", name): _claim(name, device) for _, name, device in measured})
         driver = DraDriver(SimulatedBackend(root / "node.json"), "node-a", root / "plugin", root / "cdi",
                            lambda ns, name: claims.get((ns, name)), dynamic_mig=True)
         server = DraPluginServer(driver, root / "plugin", root / "registry")
         await server.start()
-        kubelet = FakeDraKubelet(root / "registry")
-        await kubelet.register()
         try:
-            for k in range(rounds):
-                for kind, device in (("whole GPU", f"gpu-{k % 8}"), ("dynamic MIG", f"gpu-{k % 8}-mig-1g10gb-19-6")):
-                    name = f"c{k}-{kind[0]}"
-                    claims[("bench", name)] = {"metadata": {"name": name, "namespace": "bench", "uid": name},
-                                               "status": {"allocation": {"devices": {"results": [
-                                                   {"request": "r", "driver": "gpu.nvidia.com", "pool": "node-a",
-                                                    "device": device}]}}}}
-                    started = time.perf_counter()
-                    response = await kubelet.prepare(("bench", name, name))
-                    out[kind].append(time.perf_counter() - started)
-                    assert response.claims[name].error == "", response.claims[name].error
-                    await kubelet.unprepare(("bench", name, name))
+            kubelet = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--kubelet", str(root / "registry"), str(rounds),
+                stdout=asyncio.subprocess.PIPE)
+            output, _ = await kubelet.communicate()
+            if kubelet.returncode != 0:
+                raise RuntimeError(f"the kubelet process failed (exit {kubelet.returncode})")
         finally:
-            await kubelet.close()
             await server.stop()
+    times: dict[str, list[float]] = json.loads(output)
+    return times
+
+
+async def kubelet_process(registry: Path, rounds: int) -> dict[str, list[float]]:
+    """The kubelet's side of `prepare_latency`: register (asynchronously, as the fake kubelet of the tests does),
+    then prepare the held claims and time each measured one over a blocking channel: the real kubelet is Go, and
+    an asyncio client's own event-loop overhead would be charged to the driver."""
+    held, measured = _latency_plan(rounds)
+    out: dict[str, list[float]] = {kind: [] for kind in LATENCY_KINDS}
+    kubelet = FakeDraKubelet(registry)
+    await kubelet.register()
+    await kubelet.close()
+    pb, module = SERVICES[kubelet.version]
+    with grpc.insecure_channel(f"unix://{kubelet.info.endpoint}") as channel:
+        stub = module.DRAPluginStub(channel)
+
+        def call(method: str, name: str) -> Any:
+            claim = pb.Claim(namespace="bench", uid=name, name=name)
+            if method == "prepare":
+                return stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=[claim]), timeout=10)
+            return stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=[claim]), timeout=10)
+
+        for name, _ in held:
+            assert call("prepare", name).claims[name].error == ""
+        for index, (kind, name, _) in enumerate(measured):
+            started = time.perf_counter()
+            response = call("prepare", name)
+            elapsed = time.perf_counter() - started
+            assert response.claims[name].error == "", response.claims[name].error
+            if index >= 2 * len(LATENCY_KINDS) or kind in ("whole GPU", "dynamic MIG"):  # GPUs 6-7 start whole
+                out[kind].append(elapsed)
+            call("unprepare", name)
     return out
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -117,8 +187,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100 claims vs 64 and 24 GPUs, 30 prepare rounds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--prepare-only", action="store_true", help="only the NodePrepareResources latencies")
+    parser.add_argument("--kubelet", nargs=2, metavar=("REGISTRY", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    node_counts, claims, rounds = ((8, 3), 100, 30) if args.quick else ((64, 28), 1000, 200)
+    if args.kubelet:  # the child process `prepare_latency` starts
+        print(json.dumps(asyncio.run(kubelet_process(Path(args.kubelet[0]), int(args.kubelet[1])))))
+        return
+    claims, rounds = (100, 30) if args.quick else (1000, 200)
+    node_counts: tuple[int, ...] = () if args.prepare_only else (8, 3) if args.quick else (64, 28)
     rng = random.Random(args.seed)
     profiles = demand(claims, rng)
     classes = {c.name: c for c in parse_all(shipped_class_objects(), "DeviceClass", "classes")}
@@ -140,14 +216,18 @@ def main() -> None:
         print(f"  exact planner optimum for the same demand: {optimum}/{claims} "
               f"({'proven' if optimal else 'best found'}, {exact_s:.2f} s); DRA first-fit reaches "
               f"{allocated / max(optimum, 1):.3f} of it")
-    # state on tmpfs shows the driver's own cost; on disk, each checkpoint/CDI write adds its fsyncs
+    # state on tmpfs shows the driver's own cost; on disk, each checkpoint/CDI write (and the sim node file's, which
+    # stands in for the GPU) adds its fsyncs. The issue's target (p99 < 5 ms without the MIG creation delay) is for
+    # the rows that change no MIG mode; a mode switch means a GPU reset on real hardware, seconds, not milliseconds.
     places = [("tmpfs", "/dev/shm")] if Path("/dev/shm").is_dir() else []
-    for where, base in [*places, ("disk", None)]:
+    print(f"NodePrepareResources over gRPC on the simulated backend ({rounds} rounds; load {_load()}):")
+    for where, base in [*places, ("disk", tempfile.gettempdir())]:
         latency = asyncio.run(prepare_latency(rounds, base))
         for kind, values in latency.items():
-            print(f"NodePrepareResources {kind} ({where}): p50 {_pct(values, 0.5):.2f} ms, "
-                  f"p99 {_pct(values, 0.99):.2f} ms, mean {statistics.mean(values) * 1000:.2f} ms "
-                  f"({len(values)} calls over gRPC, sim backend)")
+            p99 = _pct(values, 0.99)
+            verdict = ("" if "mode" in kind else "  [target p99 < 5 ms: " + ("met" if p99 < 5 else "NOT met") + "]")
+            print(f"  {kind} ({where}): p50 {_pct(values, 0.5):.2f} ms, p99 {p99:.2f} ms, "
+                  f"mean {statistics.mean(values) * 1000:.2f} ms ({len(values)} calls; {LATENCY_KINDS[kind]}){verdict}")
 
 
 if __name__ == "__main__":

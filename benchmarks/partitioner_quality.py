@@ -423,7 +423,9 @@ def hard(args: argparse.Namespace) -> bool:
 
 def timing(args: argparse.Namespace) -> bool:
     """Plan time for 1,000 pending pods on 512 GPUs: median of 3, wall clock and CPU, with the time limit and with
-    a generous one (the CPU time a proven optimum takes, a fair figure on a shared, loaded machine)."""
+    a generous one (the CPU time a proven optimum takes, a fair figure on a shared, loaded machine). The first run
+    of the process is cold (the layout options of every GPU class computed); later runs reuse them, as a controller
+    re-planning a cluster does; each run is printed."""
     case = generate_hard("timing", 512, random.Random(args.seed + 2))
     case.pods = case.pods[:1000]
     plan(case.nodes[:1], case.pods[:1])  # load HiGHS and the catalog first: a one-off, not a plan's cost
@@ -437,9 +439,10 @@ def timing(args: argparse.Namespace) -> bool:
             cpus.append(time.process_time() - cpu)
             optimal.append(result.optimal)
         results[limit] = (sorted(walls)[1], sorted(cpus)[1])
+        runs = ", ".join(f"{w:.3f}/{c:.3f}" for w, c in zip(walls, cpus, strict=True))
         print(f"\nplan time, {len(case.pods)} pods on {case.gpus} GPUs, exact planner, time limit {limit:g} s, "
               f"median of 3: {results[limit][0]:.3f} s wall, {results[limit][1]:.3f} s CPU; proven optimal: "
-              f"{optimal}")
+              f"{optimal}; each run (wall/CPU s): {runs}")
     print("target: < 1 s")
     return results[args.time_limit][0] < 1.0
 

@@ -9,7 +9,8 @@ Each section prints its figures and a PASS/FAIL line against the bar of issue #1
   lost = restarts never followed by a re-registration within 10 s. Bar: lost = 0.
 - kill -9: each state writer (durable outputs of export/generate-config/simulate, the sim node file, MPS slices, the
   NFD label file, MPS limits, CDI specs) runs in a forked child rewriting its file; the parent SIGKILLs it at a
-  random moment (1-30 ms) and checks the file: it must parse as one of the versions written. ≥ 500 kills (quick 60).
+  random moment (1-30 ms) and checks the file with its real reader (checksums verified where the file has one):
+  it must read as one of the versions written. ≥ 500 kills (quick 60).
   Bar: corrupt files = 0. Temps left by killed writers are counted and must all be swept by the next write after
   the staleness window.
 - API faults: tests/fakes/faultproxy.py injects 429/500/503 and connections dropped before or after the server acted,
@@ -111,12 +112,13 @@ def kubelet_restarts(count: int) -> None:
 
 def _writers(directory: Path) -> list[tuple[str, Path, Callable[[Path, int], None], Callable[[Path], int]]]:
     """(name, target, write(path, version), read(path) -> version or raise) for every state writer."""
-    from kubegpu.deviceplugin.mps import MpsControl
+    from kubegpu.deviceplugin.mps import LIMITS_FILE, MpsControl
     from kubegpu.discovery.agent import FeatureFileSink
+    from kubegpu.discovery.labels import parse_features_file
     from kubegpu.files import load_json_file, read_text, write_durable
     from kubegpu.gpu.simulated import SimulatedBackend
     from kubegpu.sharing.cdi import write_cdi_spec
-    from kubegpu.sharing.mps import read_slices, write_slices
+    from kubegpu.sharing.mps import GpuLimits, MpsPlan, parse_limits, read_slices, write_slices
 
     padding = "x" * 200_000  # a report-sized file: writes take long enough to be killed in the middle
 
@@ -136,35 +138,35 @@ def _writers(directory: Path) -> list[tuple[str, Path, Callable[[Path, int], Non
     def node_read(path: Path) -> int:
         return int(SimulatedBackend(path).snapshot()["gpus"][0]["load"]["memory_used_mib"])
 
-    def slices_write(path: Path, version: int) -> None:
-        write_slices(path, {i: [version] * 3 for i in range(8)})
+    def slices_write(path: Path, version: int) -> None:  # the version in two slice sizes (each 1..4000 GB)
+        high, low = divmod(version, 4000)
+        write_slices(path, {i: [high + 1, low + 1, 1] for i in range(8)})
 
     def slices_read(path: Path) -> int:
-        slices = read_slices(path)
+        slices = read_slices(path)  # checksummed: a torn or mixed file raises CorruptStateError
         assert len(slices) == 8 and len({tuple(v) for v in slices.values()}) == 1, "torn"
-        return slices[0][0]
+        return (slices[0][0] - 1) * 4000 + slices[0][1] - 1
 
     def labels_write(path: Path, version: int) -> None:
         FeatureFileSink(path).write({f"nvidia.com/gpu.label-{i}": str(version) for i in range(2000)})
 
     def labels_read(path: Path) -> int:
-        lines = read_text(path).splitlines()
-        assert len(lines) == 2000 and all("=" in line for line in lines), "torn"
-        values = {line.split("=", 1)[1] for line in lines}
+        labels = parse_features_file(read_text(path), str(path))  # checks the `# kubegpu-sha256=` line
+        assert len(labels) == 2000, "torn"
+        values = set(labels.values())
         assert len(values) == 1, "mixed"
         return int(values.pop())
 
     mps_root = directory / "mps"
 
-    def limits_write(path: Path, version: int) -> None:
-        MpsControl(mps_root, None).record([])
-        write_durable(path, json.dumps({"version": version, "padding": padding}))
+    def limits_write(path: Path, version: int) -> None:  # the version as GPU 0's pinned-memory limit
+        gpus = tuple(GpuLimits(i, f"GPU-{i}", 4, version if i == 0 else 20480, 25) for i in range(8))
+        MpsControl(mps_root, None).record([MpsPlan(f"nvidia.com/gpu-{n}", f"/run/mps/{n}/pipe", f"/run/mps/{n}/log",
+                                                   gpus) for n in range(16)])
 
     def limits_read(path: Path) -> int:
-        data = load_json_file(path)
-        assert isinstance(data, dict)
-        load_json_file(mps_root / "limits.json") if (mps_root / "limits.json").exists() else None
-        return int(data["version"])
+        record = parse_limits(read_text(path), str(path))  # checksummed
+        return int(record["daemons"][0]["gpus"][0]["pinned_memory_mib"])
 
     cdi_dir = directory / "cdi"
 
@@ -185,19 +187,20 @@ def _writers(directory: Path) -> list[tuple[str, Path, Callable[[Path, int], Non
         ("sim node state file", node_path, node_write, node_read),
         ("MPS slices file", directory / "mps-slices.json", slices_write, slices_read),
         ("NFD label file", directory / "features.d" / "gfd", labels_write, labels_read),
-        ("MPS limits + state", directory / "mps-state.json", limits_write, limits_read),
+        ("MPS limits record", mps_root / LIMITS_FILE, limits_write, limits_read),
         ("CDI spec", cdi_dir / "spec", cdi_write, cdi_read),
     ]
 
 
 def kill_writers(kills: int) -> None:
+    from kubegpu import files
     from kubegpu.files import STALE_TEMP_SECONDS
 
     print(f"kill -9 at random points of every state writer ({kills} kills)")
     rng = random.Random(18)
     total_corrupt = total_kills = 0
     temps_left = 0
-    progressed = True
+    progressed = all_swept = True
     with tempfile.TemporaryDirectory(prefix="kubegpu-kill-") as name:
         writers = _writers(Path(name))
         per = max(1, kills // len(writers) + (kills % len(writers) > 0))
@@ -230,14 +233,16 @@ def kill_writers(kills: int) -> None:
             temps_left += len(leftovers)
             for path in leftovers:  # age them past the staleness window: the next write must sweep them
                 os.utime(path, (time.time() - STALE_TEMP_SECONDS - 1,) * 2)
+            files._last_sweep.clear()  # that write comes from the writer restarted after the kill: a new process
             write(target, 10**6)
             swept = not list(target.parent.rglob(".*.tmp"))
             total_corrupt += corrupt
             progressed &= len(seen) > 0  # the writers really were rewriting the file when killed
+            all_swept &= swept
             print(f"  {label:<36} kills {per:>4}  corrupt {corrupt}  kills after a complete write {len(seen):>4}  "
                   f"temps left {len(leftovers):>3} "
                   f"({'swept by the next write' if swept else 'NOT swept'})")
-    verdict("kill -9", total_corrupt == 0 and total_kills >= kills and progressed,
+    verdict("kill -9", total_corrupt == 0 and total_kills >= kills and progressed and all_swept,
             f"{total_kills} kills, corrupt files = {total_corrupt}, temps left by killed writers = {temps_left}")
 
 

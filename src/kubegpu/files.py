@@ -11,7 +11,8 @@ limits hold everywhere:
 - a write is durable and atomic: a uniquely named temp file in the same directory, fsync of the file, `os.replace`,
   fsync of the directory; the temp is removed on failure and stale temps from killed writers are swept later;
 - state that a reader must trust can be wrapped in a checksummed envelope, so a torn or foreign file is detected and
-  reported as `CorruptStateError` (the reader rebuilds from its source of truth instead of acting on garbage).
+  reported as `CorruptStateError` (the reader rebuilds from its source of truth instead of acting on garbage);
+  `kubegpu.statefiles` has the two other checksummed shapes (a stamped JSON document, a checksum comment line).
 
 This module sits at the bottom layer: it imports only `kubegpu.errors`.
 """
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_DEPTH",
     "CorruptStateError",
     "dumps_checked",
+    "dumps_checked_body",
     "load_data_file",
     "load_json_file",
     "load_yaml_file",
@@ -358,9 +360,21 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+_last_sweep: dict[tuple[str, str], float] = {}
+"""(directory, name) → when this process last swept it: a file rewritten often (a checkpoint saved several times per
+request) is swept once per STALE_TEMP_SECONDS, not listed on every write; a temp only becomes stale after that long."""
+_SWEEP_MEMORY = 4096
+
+
 def _sweep_stale_temps(directory: Path, name: str) -> None:
     """Remove `.<name>.*.tmp` files older than STALE_TEMP_SECONDS: leftovers of writers killed mid-write."""
     now = time.time()
+    key = (str(directory), name)
+    if now - _last_sweep.get(key, -STALE_TEMP_SECONDS) < STALE_TEMP_SECONDS:
+        return
+    if len(_last_sweep) >= _SWEEP_MEMORY:  # many one-off names (one CDI spec per claim): forget, sweep again later
+        _last_sweep.clear()
+    _last_sweep[key] = now
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -397,9 +411,14 @@ def restrict_socket(path: Path | str, mode: int = 0o600) -> None:
 
 def dumps_checked(kind: str, version: int, data: object) -> str:
     """A JSON envelope `{kind, version, sha256, data}`; `loads_checked` verifies all four."""
-    body = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return dumps_checked_body(kind, version, json.dumps(data, sort_keys=True, separators=(",", ":")))
+
+
+def dumps_checked_body(kind: str, version: int, body: str) -> str:
+    """`dumps_checked` for data already serialized canonically (`sort_keys`, compact separators), so a writer that
+    keeps the serialized parts of a large state need not encode all of it again; the envelope embeds `body` as is."""
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-    return json.dumps({"kind": kind, "version": version, "sha256": digest, "data": data}, sort_keys=True, indent=1)
+    return f'{{"data":{body},"kind":{json.dumps(kind)},"sha256":"{digest}","version":{int(version)}}}'
 
 
 def loads_checked(text: str, source: str, kind: str, version: int) -> object:
@@ -417,3 +436,4 @@ def loads_checked(text: str, source: str, kind: str, version: int) -> object:
     if hashlib.sha256(body.encode("utf-8")).hexdigest() != envelope.get("sha256"):
         raise CorruptStateError(f"{source}: {kind} state checksum mismatch")
     return data
+

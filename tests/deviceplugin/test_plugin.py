@@ -18,6 +18,7 @@ from kubegpu.deviceplugin.health import HealthPolicy
 from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.metrics import HEALTH_METRIC, health_registry
+from kubegpu.sharing.mps import write_slices
 
 pytestmark = pytest.mark.integration
 
@@ -296,3 +297,7 @@ async def test_mps_slices_file_is_followed_by_relist(kubelet: Any, start_plugin:
     slices.write_text("not json")  # a broken file is reported and the slices stay as they were
     await asyncio.sleep(0.4)
     assert kubelet.summary()["nvidia.com/gpu-10gb"] == (2, 2)
+    write_slices(slices, {0: [10, 10, 20]})
+    slices.write_text(slices.read_text().replace("20", "30"))  # tampered: its checksum no longer matches
+    await asyncio.sleep(0.4)
+    assert "nvidia.com/gpu-30gb" not in kubelet.summary() and kubelet.summary()["nvidia.com/gpu-20gb"] == (1, 1)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from kubegpu.cli import app
 from kubegpu.discovery.agent import FeatureFileSink, read_machine_type, run_discovery
 from kubegpu.discovery.cli import sleep_interval_seconds
+from kubegpu.discovery.labels import checked_features_file, parse_features_file
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.gpu.simulated import SimulatedBackend
 
@@ -27,7 +28,8 @@ def test_feature_file_is_replaced_whole_and_leaves_no_temp_files(tmp_features: P
     sink = FeatureFileSink(tmp_features)
     sink.write({"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "A"})
     sink.write({"nvidia.com/gpu.count": "4"})
-    assert tmp_features.read_text() == "nvidia.com/gpu.count=4\n"
+    assert tmp_features.read_text() == checked_features_file({"nvidia.com/gpu.count": "4"})
+    assert tmp_features.read_text().endswith("\nnvidia.com/gpu.count=4\n")
     assert os.listdir(tmp_features.parent) == ["gfd"]
     sink.close()
     assert not tmp_features.exists()
@@ -58,7 +60,7 @@ def test_loop_relabels_until_stopped_then_removes_the_file(tmp_features: Path) -
 def test_oneshot_writes_once_and_keeps_the_file(tmp_features: Path) -> None:
     stop = threading.Event()
     assert run_discovery(lambda: {"k": "v"}, FeatureFileSink(tmp_features), stop, interval=60.0, oneshot=True) == 1
-    assert tmp_features.read_text() == "k=v\n"
+    assert parse_features_file(tmp_features.read_text(), "gfd") == {"k": "v"}
 
 
 def test_machine_type_file(tmp_path: Path) -> None:
@@ -90,7 +92,7 @@ def test_cli_oneshot_writes_the_labels_of_the_file_node(tmp_path: Path) -> None:
                                       "--oneshot", "--output-file", str(out),
                                       "--machine-type-file", str(tmp_path / "none")])
     assert result.exit_code == 0, result.output
-    written = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    written = parse_features_file(out.read_text(), str(out))
     expected = read_golden("l4-no-mig.labels")
     del expected["nvidia.com/gfd.timestamp"]
     assert written == expected

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.discovery.agent import FeatureFileSink, discover_labels
+from kubegpu.discovery.labels import parse_features_file
 
 from .conftest import NOW, plugin_config, read_golden, sim_node
 
@@ -38,7 +39,7 @@ def test_label_set_matches_expected_file(
     labels = discover_labels(backend, plugin_config(config), machine, NOW)
     sink = FeatureFileSink(tmp_path / "gfd")
     sink.write(labels)
-    written = dict(line.split("=", 1) for line in (tmp_path / "gfd").read_text().splitlines())
+    written = parse_features_file((tmp_path / "gfd").read_text(), "gfd")
     expected = read_golden(golden)
     assert written == expected, {
         "missing": sorted(expected.keys() - written.keys()),

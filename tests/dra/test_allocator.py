@@ -162,11 +162,16 @@ def test_only_the_newest_pool_generation_counts() -> None:
     assert devices_of(answer, "default/c") == ["gpu-0"]
 
 
-def test_all_over_incomplete_pool_is_unschedulable() -> None:
+def test_incomplete_pool_is_never_allocated_from() -> None:
+    """kube-scheduler skips a pool whose slices are still being published (an `All` request over it is an error):
+    found by the differential test against the real scheduler (tests/dra/test_controlplane.py)."""
     partial = slice_("a", "node-a", [device("gpu-0")], count=2)
+    complete = slice_("b", "node-b", [device("gpu-0")])
     answer = run([partial], [claim("all", request("g", mode="All")), claim("one", request("g"))])
     assert "incomplete" in answer["default/all"]["unschedulable"]
-    assert devices_of(answer, "default/one") == ["gpu-0"]
+    assert "unschedulable" in answer["default/one"]
+    answer = run([partial, complete], [claim("one", request("g"))])
+    assert answer["default/one"]["results"][0]["pool"] == "node-b"
 
 
 def test_unknown_class_and_runtime_cel_error_fail_only_that_claim() -> None:

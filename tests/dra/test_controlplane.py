@@ -1,10 +1,14 @@
 """DRA on the real control plane: the API server accepts our DeviceClasses and dynamic-MIG ResourceSlices (its own
 validation, stricter than any schema), the real kube-scheduler allocates claims against them, and our allocator —
-given the same slices, classes and claims in the same order — picks exactly the same devices (differential test)."""
+given the same slices, classes and claims in the same order — picks exactly the same devices (differential tests:
+one hand-built sequence, and a few hundred generated claim sets, `kubegpu.testing.dragen`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +19,12 @@ from kubegpu.dra.classes import shipped_class_objects
 from kubegpu.dra.driver import ClaimRef, DraDriver
 from kubegpu.dra.publish import SlicePublisher
 from kubegpu.dra.server import DraPluginServer
+from kubegpu.errors import KubegpuError
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube.errors import ApiError, NotFound
 from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.scheduling.dra import allocate_in_order, parse_all
+from kubegpu.testing import dragen, drareal
 from kubegpu.testing.session import wait_for
 
 if TYPE_CHECKING:
@@ -137,3 +143,43 @@ def test_real_scheduler_allocates_our_slices_like_our_allocator(real_cluster: Re
             with contextlib.suppress(ApiError):
                 admin.delete("DeviceClass", device_class["metadata"]["name"])
         real_cluster.delete_node(NODE)
+
+
+# --- the differential test on generated claim sets --------------------------------------------------------------------
+
+SETS = int(os.environ.get("KUBEGPU_DRA_DIFF_SETS", "200"))
+SEED = int(os.environ.get("KUBEGPU_DRA_DIFF_SEED", "1"))
+
+
+def test_generated_claim_sets_our_allocator_agrees_with_kube_scheduler(real_cluster: RealCluster,
+                                                                        namespace: str) -> None:
+    """SETS generated claim sets, each a bare node of its own with our driver's slices (whole GPUs, static or
+    dynamic MIG, now and then a tainted GPU or a pool mid-publication) and one pod with 1-3 claims, a third of them
+    after a holder pod took one device: kube-scheduler and our allocator (a pod's claims together, as the scheduler
+    does) agree on which pods fit, on whether a misfit is "no fit" or a fatal claim error, and, for the pods that
+    fit, on every device.
+
+    A different seed or size: KUBEGPU_DRA_DIFF_SEED / KUBEGPU_DRA_DIFF_SETS."""
+    api = drareal.RawApi(real_cluster.client())
+    classes = shipped_class_objects()
+    parsed = {c.name: c for c in parse_all(classes, "DeviceClass", "classes")}
+    for device_class in classes:
+        with contextlib.suppress(KubegpuError):  # left by the other test or an earlier run: same content
+            api.create(device_class)
+    prefix = f"drd{uuid.uuid4().hex[:5]}"
+    began = time.monotonic()
+    sets = dragen.generate(SETS, SEED, namespace, prefix)
+    try:
+        ours, real = drareal.differential(api, sets, namespace, prefix, parsed)
+    finally:  # `gpu.nvidia.com` maps nvidia.com/gpu onto DRA: later tests' GPU pods must not meet it
+        for device_class in classes:
+            api.delete("DeviceClass", device_class["metadata"]["name"])
+    result = dragen.compare(sets, ours, real)
+    print(f"\nDRA differential (seed {SEED}, {len(sets)} claim sets, {sum(1 for s in sets if s.holder)} with a "
+          f"holder pod first): {result.summary()}; {api.requests} API requests, {time.monotonic() - began:.1f}s")
+    assert not result.disagree, "\n".join(result.disagree)
+    assert not result.other_status, "\n".join(result.other_status)
+    assert not result.other_devices, "\n".join(result.other_devices)
+    assert len(result.inconclusive) <= result.total // 50, result.inconclusive  # a busy machine may time out a few
+    decided = result.total - len(result.inconclusive)
+    assert decided // 5 <= result.bound <= decided * 4 // 5, "the generator should give both fitting and not"

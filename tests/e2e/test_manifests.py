@@ -27,7 +27,8 @@ IMAGE = "ghcr.io/kubegpu/kubegpu:0.1.0"
 NAMESPACE = "kubegpu"
 KUBERNETES_VERSIONS = ("1.31.0", kubernetes_validate.latest_version())
 WORKLOADS = ("DaemonSet", "Deployment")
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 # What each component must be allowed to do: exactly the kubegpu.kube.Cluster calls its code makes (get, list,
 # watch, create, patch, delete; `record_event` is create, then get + patch to fold repeats), as
@@ -54,9 +55,9 @@ NEEDS: dict[str, set[tuple[str, str, str]]] = {
 
 @cache
 def documents() -> tuple[tuple[str, dict[str, Any]], ...]:
-    """(file name, object) for every document in the manifests, in file order."""
+    """(file name, object) for every document in the manifests, then the admission policies, in file order."""
     found: list[tuple[str, dict[str, Any]]] = []
-    for path in sorted((DEPLOY / "manifests").glob("*.yaml")):
+    for path in [*sorted((DEPLOY / "manifests").glob("*.yaml")), *sorted((DEPLOY / "policies").glob("*.yaml"))]:
         found.extend((path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
     return tuple(found)
 
@@ -92,7 +93,8 @@ def flag_name(arg: str) -> str:
 def test_kustomization_lists_every_manifest_and_nothing_else() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     listed = kustomization["resources"]
-    assert sorted(listed) == sorted(f"manifests/{p.name}" for p in (DEPLOY / "manifests").glob("*.yaml"))
+    assert sorted(listed) == sorted(f"{p.parent.name}/{p.name}" for folder in ("manifests", "policies")
+                                    for p in (DEPLOY / folder).glob("*.yaml"))
     assert kustomization["namespace"] == NAMESPACE
 
 

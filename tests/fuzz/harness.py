@@ -9,6 +9,8 @@ KubegpuError line naming the file) or `traceback` (anything else: the defects th
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import random
 from collections.abc import Callable
@@ -23,13 +25,24 @@ from kubegpu.autoscaler.instancetypes import default_instance_types, load_instan
 from kubegpu.config import load_yaml_file
 from kubegpu.config.deviceplugin import parse_device_plugin_config
 from kubegpu.config.migparted import check_layouts, parse_mig_parted_config
+from kubegpu.discovery.labels import checked_features_file, format_features_file, parse_features_file
 from kubegpu.errors import KubegpuError
 from kubegpu.exporter.counters import default_counters_text, load_counters
+from kubegpu.files import read_text
 from kubegpu.gpu.simulated import SimulatedBackend, new_node_state, parse_gpu_spec
 from kubegpu.partitioner.state import load_state, planner_inputs
-from kubegpu.sharing.mps import read_slices
+from kubegpu.sharing.mps import (
+    GpuLimits,
+    MpsPlan,
+    dumps_limits,
+    dumps_slices,
+    limits_document,
+    parse_limits,
+    read_slices,
+)
 from kubegpu.sim.scenario import load_scenario
 from kubegpu.sim.workload import load_trace
+from kubegpu.statefiles import dumps_stamped
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -61,6 +74,24 @@ def _pods(path: Path) -> object:
     pods = load_manifests(path, "Pod")
     _check_pods(pods, path)
     return pods
+
+
+def _nfd_labels(path: Path) -> object:
+    return parse_features_file(read_text(path), str(path))
+
+
+def _mps_limits(path: Path) -> object:
+    return parse_limits(read_text(path), str(path))
+
+
+def _labels() -> dict[str, str]:
+    return {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/mig.capable": "true", "nvidia.com/gpu.replicas": "1"}
+
+
+def _mps_plans() -> list[MpsPlan]:
+    return [MpsPlan("nvidia.com/gpu", "/run/nvidia/mps/nvidia.com/gpu/pipe", "/run/nvidia/mps/nvidia.com/gpu/log",
+                    (GpuLimits(0, "GPU-0", 3, 27306, 33), GpuLimits(1, "GPU-1", 3, 27306, 33)))]
 
 
 @dataclass(frozen=True)
@@ -97,9 +128,15 @@ def input_kinds() -> list[InputKind]:
         InputKind("pods", ".yaml", (_pod_seed(),), _pods),
         InputKind("instance-types", ".json", (json.dumps(to_kwok(default_instance_types()[:3])),),
                   load_instance_types),
-        InputKind("sim-node", ".json", (json.dumps(node),), _sim_node),
+        # as kubegpu writes it (checksummed) and as a person writes it (no checksum: mutations reach every field)
+        InputKind("sim-node", ".json", (dumps_stamped(node), json.dumps(node)), _sim_node),
         InputKind("counters", ".csv", (default_counters_text(),), load_counters),
-        InputKind("mps-slices", ".json", ('{"0": [20, 20, 40], "1": [10]}',), read_slices),
+        InputKind("mps-slices", ".json", ('{"0": [20, 20, 40], "1": [10]}', dumps_slices({0: [20, 20, 40]})),
+                  read_slices),
+        InputKind("nfd-labels", "", (checked_features_file(_labels()), format_features_file(_labels())),
+                  _nfd_labels),
+        InputKind("mps-limits", ".json", (dumps_limits(_mps_plans()), json.dumps(limits_document(_mps_plans()))),
+                  _mps_limits),
     ]
 
 
@@ -110,6 +147,12 @@ HOSTILE: list[Any] = [
     "9" * 5000, ".inf", "nan", "100000000", "all", "1Gi", "-5Gi", "10000000000000Ei", [], {}, [1, "x"], {"k": None},
     "\u202e\u0000", "a" * 10000, 100_000_000, "1e-400", "0x10",
 ]
+
+
+def _hostile(rng: random.Random) -> Any:
+    """One HOSTILE value, copied: later edits of the same case (a list extended in place) must not change the
+    module's list, or case N would depend on the cases a worker ran before it and could not be replayed alone."""
+    return copy.deepcopy(rng.choice(HOSTILE))
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -143,26 +186,36 @@ def _deep(rng: random.Random) -> Any:
     return value
 
 
+_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_seed(seed: str, suffix: str) -> Any:
+    """A seed parsed once per process (libyaml when there): re-parsing a 7 KiB YAML seed in pure Python for every
+    case was four fifths of the fuzzer's time. Callers mutate a deep copy."""
+    return json.loads(seed) if suffix == ".json" else list(yaml.load_all(seed, Loader=_FAST_LOADER))
+
+
 def _structural(rng: random.Random, seed: str, suffix: str) -> str:
     try:
-        doc = json.loads(seed) if suffix == ".json" else list(yaml.safe_load_all(seed))
+        doc = copy.deepcopy(_parsed_seed(seed, suffix))
     except (ValueError, yaml.YAMLError):
         return seed
     for _ in range(rng.randint(1, 3)):
         paths = _paths(doc)
         if not paths:
-            doc = rng.choice(HOSTILE)
+            doc = _hostile(rng)
             continue
         path = rng.choice(paths)
         roll = rng.random()
         if roll < 0.55:
-            doc = _set(doc, path, rng.choice(HOSTILE))
+            doc = _set(doc, path, _hostile(rng))
         elif roll < 0.7:
             doc = _set(doc, path, None, delete=True)
         elif roll < 0.8:
             doc = _set(doc, path, _deep(rng))
         elif roll < 0.9:
-            doc = _set(doc, (*path[:-1], rng.choice(["unknown", "Replicas", "x" * 300, 7])), rng.choice(HOSTILE)) \
+            doc = _set(doc, (*path[:-1], rng.choice(["unknown", "Replicas", "x" * 300, 7])), _hostile(rng)) \
                 if len(path) > 0 and isinstance(_container(doc, path), dict) else doc
         else:
             target = _container(doc, path)

@@ -129,12 +129,14 @@ def _node_file(tmp_path: Path) -> Path:
 def test_sim_node_file_with_non_finite_numbers(tmp_path: Path, field: str, value: str) -> None:
     path = _node_file(tmp_path)
     data = json.loads(path.read_text())
+    del data["sha256"]  # hand-edited: the bounds check, not the checksum, must catch the number
     data["gpus"][0]["load"][field] = 0
     text = json.dumps(data).replace(f'"{field}": 0', f'"{field}": {value}')
     path.write_text(text)
     with pytest.raises(ConfigError) as exc:
         SimulatedBackend(path).sample(0)
     _one_line(exc, path)
+    assert "checksum" not in exc.value.message
 
 
 def test_sim_gpu_spec_count_is_bounded() -> None:

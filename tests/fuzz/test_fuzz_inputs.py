@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.fuzz.harness import InputKind, input_kinds, judge, mutate
 
 KINDS = {kind.name: kind for kind in input_kinds()}
-CASES_PER_KIND = 200  # 11 kinds → 2,200 cases, plus 300 raw-byte files through every loader
+CASES_PER_KIND = 200  # 13 kinds → 2,600 cases, plus 300 raw-byte files through every loader
 HANG_S = 10.0
 FUZZ = settings(max_examples=CASES_PER_KIND, derandomize=True, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))

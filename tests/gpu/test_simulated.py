@@ -230,6 +230,7 @@ def test_minor_numbers_default_to_the_index_and_edited_ones_are_reported(tmp_pat
     backend = SimulatedBackend.create(path, gpus="4xA100-SXM4-80GB")
     assert [(d.index, d.minor_number) for d in backend.devices()] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     state = json.loads(path.read_text())
+    del state["sha256"]  # a hand edit drops the checksum (docs: kubegpu.gpu.simstate); a stale one reads as corrupt
     for gpu, minor in zip(state["gpus"], (2, 3, 0, 1), strict=True):
         gpu["minor_number"] = minor  # a host that probes the second PCI switch first
     path.write_text(json.dumps(state))

@@ -176,3 +176,12 @@ def test_validation_timeout_fails() -> None:
     node = NodeView("n", state=VALIDATION, since=0.0)
     assert plan_upgrades(UpgradePolicy(), [node], 599.0) == []
     assert plan_upgrades(UpgradePolicy(), [node], 600.0) == [Action("set-state", "n", FAILED)]
+
+
+def test_validator_older_than_the_new_driver_is_restarted() -> None:
+    """The validator pod deleted with the old driver can be recreated by its DaemonSet before the new driver pod is:
+    it then predates the driver and never validates it; it is restarted instead of waiting for the timeout."""
+    node = NodeView("n", state=VALIDATION, since=0.0, driver_ready=True, validator_stale=True)
+    assert plan_upgrades(UpgradePolicy(), [node], 10.0) == [Action("restart-validator", "n")]
+    node.validator_stale, node.validated = False, True
+    assert plan_upgrades(UpgradePolicy(), [node], 11.0)[0].kind == "set-state"

@@ -247,7 +247,8 @@ def test_mps_spec_with_bad_sizes_is_refused(tmp_path: Path, bad: str) -> None:
     assert not (tmp_path / "s.json").exists()
 
 
-def test_corrupt_slices_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+def test_corrupt_slices_file_is_rebuilt_from_the_plan(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #18: a torn slices file is recoverable state, not a reason to refuse every plan until someone fixes it."""
     clock = VirtualClock(0)
     cluster = MemoryCluster(clock)
     backend = SimulatedBackend.create(None, "1xA100-SXM4-80GB", node_name="m", clock=clock)
@@ -256,10 +257,12 @@ def test_corrupt_slices_file_is_refused_and_left_alone(tmp_path: Path) -> None:
     slices.write_text("{not json")
     cluster.patch("Node", "m", {"metadata": {"annotations": {ann.SPEC_PLAN: "1",
                                                              "kubegpu.io/spec-gpu-0-layout": "20gb"}}})
-    report = PartitionAgent(cluster, backend, "m", slices).tick()
-    assert report is not None and len(report.refused) == 1
-    assert report.refused[0].startswith(f"MPS layout not applied: {slices}: cannot read MPS slices")
-    assert slices.read_text() == "{not json"
+    with caplog.at_level("WARNING", logger="kubegpu.partition-agent"):
+        report = PartitionAgent(cluster, backend, "m", slices).tick()
+    assert report is not None and report.refused == []
+    assert read_slices_file(slices) == {0: [20]}
+    [line] = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+    assert line.startswith(f"{slices}: cannot read MPS slices") and "rebuilt it from the plan on Node m" in line
 
 
 def test_instance_allocated_by_the_kubelet_counts_as_in_use() -> None:

@@ -99,7 +99,7 @@ def test_root_containers_say_why() -> None:
 
 
 def test_node_agent_policy_covers_every_agent_that_may_patch_nodes() -> None:
-    docs = [d for p in sorted(POLICIES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    docs = _policy_docs()
     for doc in docs:
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
     [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
@@ -110,6 +110,55 @@ def test_node_agent_policy_covers_every_agent_that_may_patch_nodes() -> None:
     condition = policy["spec"]["matchConditions"][0]["expression"]
     covered = set(re.findall(r"system:serviceaccount:kubegpu:([a-z-]+)", condition))
     assert covered == NODE_AGENTS == patchers - {"kubegpu-autoscaler", "kubegpu-partitioner"}
+
+
+def _policy_docs() -> list[dict[str, Any]]:
+    return [d for p in sorted(POLICIES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_kustomization_installs_the_node_agent_policy() -> None:
+    kustomization = yaml.safe_load((ROOT / "deploy/kubernetes/kustomization.yaml").read_text())
+    assert {f"policies/{p.name}" for p in POLICIES.glob("*.yaml")} <= set(kustomization["resources"])
+
+
+def test_operator_renders_the_same_node_agent_policy_for_its_own_agents() -> None:
+    """The operator (Helm install) applies the policy deploy/kubernetes ships, naming its operands' accounts."""
+    from kubegpu.operator.components import OPERANDS
+    from kubegpu.operator.policy import parse_policy
+    from kubegpu.operator.render import render
+
+    rendered = {o["kind"]: o for _, objs in render(parse_policy({"metadata": {"name": "p"}, "spec": {}}, "p"), "gpu")
+                for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")}
+    shipped = {d["kind"]: d for d in _policy_docs()}
+    assert set(rendered) == set(shipped) == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    for kind, doc in shipped.items():
+        kubernetes_validate.validate(rendered[kind], kubernetes_validate.latest_version(), strict=True)
+        assert rendered[kind]["metadata"]["name"] == doc["metadata"]["name"]
+        if kind == "ValidatingAdmissionPolicyBinding":
+            assert rendered[kind]["spec"] == doc["spec"]
+            continue
+        mine, theirs = rendered[kind]["spec"], doc["spec"]
+        assert {k: v for k, v in mine.items() if k != "matchConditions"} == \
+            {k: v for k, v in theirs.items() if k != "matchConditions"}
+        covered = set(re.findall(r"system:serviceaccount:gpu:([a-z-]+)", mine["matchConditions"][0]["expression"]))
+        node_writers = {op.name for op in OPERANDS if op.kind == "DaemonSet" and any(
+            "patch" in r["verbs"] and {"nodes", "nodes/status"} & set(r["resources"]) for r in op.cluster_rules)}
+        assert covered == node_writers == {"kubegpu-gpu-feature-discovery", "kubegpu-mig-manager",
+                                           "kubegpu-partition-agent"}
+
+
+def test_operator_may_apply_the_policy_it_renders() -> None:
+    from helm_python import chart
+
+    from kubegpu.operator.chart import CHART_DIR
+
+    manifests = chart.Chart.load(CHART_DIR).render({}, name="kg", namespace="gpu-system")
+    roles = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRole"]
+    held = {(g, r, v) for role in roles for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+    for resource in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        assert {("admissionregistration.k8s.io", resource, v) for v in ("get", "list", "create", "patch", "delete")} \
+            <= held
 
 
 def test_device_plugin_socket_is_owner_only(tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ import re
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.cron import CronSchedule
 from kubegpu.config import model_error_message
+from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling.quantity import parse_quantity
 
@@ -42,11 +43,7 @@ def parse_duration(value: str) -> float | None:
     return float(sum(int(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value)))
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class NodeSelectorRequirementWithMinValues(_Model):
+class NodeSelectorRequirementWithMinValues(ApiModel):
     """One NodePool/NodeClaim requirement as the API spells it (Karpenter's type name); the solver's algebra over
     these is `kubegpu.autoscaler.requirements.Requirement`."""
 
@@ -79,20 +76,20 @@ class NodeSelectorRequirementWithMinValues(_Model):
         return self
 
 
-class Taint(_Model):
+class Taint(ApiModel):
     key: str = Field(min_length=1)
     value: str | None = None
     effect: Effect
     timeAdded: str | None = None
 
 
-class NodeClassReference(_Model):
+class NodeClassReference(ApiModel):
     group: str = L.GROUP
     kind: str = "KwokNodeClass"
     name: str = "default"
 
 
-class TemplateMetadata(_Model):
+class TemplateMetadata(ApiModel):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
@@ -114,7 +111,7 @@ def _check_duration(value: str | None, allow_never: bool) -> str | None:
     return value
 
 
-class NodeClaimTemplateSpec(_Model):
+class NodeClaimTemplateSpec(ApiModel):
     nodeClassRef: NodeClassReference = Field(default_factory=NodeClassReference)
     requirements: list[NodeSelectorRequirementWithMinValues] = Field(max_length=100)
     taints: list[Taint] = Field(default_factory=list)
@@ -134,12 +131,12 @@ class NodeClaimTemplateSpec(_Model):
         return _check_duration(value, allow_never=False)
 
 
-class NodeClaimTemplate(_Model):
+class NodeClaimTemplate(ApiModel):
     metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
     spec: NodeClaimTemplateSpec
 
 
-class Budget(_Model):
+class Budget(ApiModel):
     nodes: str = "10%"
     reasons: list[DisruptionReason] | None = None
     schedule: str | None = None
@@ -190,7 +187,7 @@ class Budget(_Model):
         return not self.reasons or reason in self.reasons
 
 
-class Disruption(_Model):
+class Disruption(ApiModel):
     consolidationPolicy: ConsolidationPolicy = "WhenEmptyOrUnderutilized"
     consolidateAfter: str = "0s"
     budgets: list[Budget] = Field(default_factory=lambda: [Budget(nodes="10%")], max_length=50)
@@ -202,7 +199,7 @@ class Disruption(_Model):
         return value
 
 
-class NodePoolSpec(_Model):
+class NodePoolSpec(ApiModel):
     template: NodeClaimTemplate
     disruption: Disruption = Field(default_factory=Disruption)
     limits: dict[str, str | int | float] = Field(default_factory=dict)
@@ -219,12 +216,7 @@ class NodePoolSpec(_Model):
         return value
 
 
-class ObjectMeta(_Model):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-
-
-class NodePool(_Model):
+class NodePool(ApiModel):
     model_config = ConfigDict(extra="ignore")
     apiVersion: Literal["kubegpu.io/v1"] = "kubegpu.io/v1"
     kind: Literal["NodePool"] = "NodePool"
@@ -240,11 +232,11 @@ class NodePool(_Model):
         return self.spec.weight or 0
 
 
-class ResourceRequirements(_Model):
+class ResourceRequirements(ApiModel):
     requests: dict[str, str | int | float] = Field(default_factory=dict)
 
 
-class NodeClaimSpec(_Model):
+class NodeClaimSpec(ApiModel):
     nodeClassRef: NodeClassReference = Field(default_factory=NodeClassReference)
     requirements: list[NodeSelectorRequirementWithMinValues] = Field(default_factory=list)
     taints: list[Taint] = Field(default_factory=list)
@@ -254,7 +246,7 @@ class NodeClaimSpec(_Model):
     terminationGracePeriod: str | None = None
 
 
-class NodeClaim(_Model):
+class NodeClaim(ApiModel):
     model_config = ConfigDict(extra="ignore")
     apiVersion: Literal["kubegpu.io/v1"] = "kubegpu.io/v1"
     kind: Literal["NodeClaim"] = "NodeClaim"

@@ -138,6 +138,7 @@ class DevicePluginManager:
         self._unregistered: set[str] = set()
         self._relist_stamp: object = None
         self._xid_stamp: object = None
+        self._slices_error: str | None = None
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -153,8 +154,11 @@ class DevicePluginManager:
         if self.settings.mps_slices_file is not None:
             try:
                 slices = read_slices(self.settings.mps_slices_file)
-            except ConfigError as exc:
-                log.error("%s (keeping the previous slices)", exc)
+                self._slices_error = None
+            except ConfigError as exc:  # torn or foreign (CorruptStateError) included: the partition agent rewrites it
+                if str(exc) != self._slices_error:  # one line per problem, not one per re-list
+                    log.error("%s (keeping the previous slices)", exc)
+                self._slices_error = str(exc)
         return _Snapshot(gpus, mig, slices)
 
     def _compute(self, config: Mapping[str, Any], snapshot: _Snapshot) -> dict[str, list[AnnotatedDevice]]:

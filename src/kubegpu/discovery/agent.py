@@ -8,19 +8,29 @@ atomically and removed on exit; or the Node's labels through the Cluster interfa
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kubegpu.discovery.labels import compute_labels, format_features_file, node_label_patch
-from kubegpu.errors import KubegpuError
-from kubegpu.files import write_durable
+from kubegpu.discovery.labels import (
+    checked_features_file,
+    compute_labels,
+    format_features_file,
+    node_label_patch,
+    parse_features_file,
+)
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import CorruptStateError, read_text, write_durable
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuBackend
     from kubegpu.kube import Cluster
+
+log = logging.getLogger("kubegpu.discovery")
+FEATURE_FILE_LIMIT = 1024 * 1024  # NFD itself skips feature files over 64 KiB; ours are a few KiB
 
 
 def read_machine_type(path: Path | str) -> str | None:
@@ -48,21 +58,39 @@ class FeatureFileSink:
     """An NFD `features.d` file: replaced atomically (temp file + rename) so NFD never reads half a file.
 
     The temp file starts with a dot in the same directory: NFD skips hidden files, and a rename within one
-    directory is atomic. `close` removes the file, so labels vanish when discovery stops, as GFD's do.
+    directory is atomic. The file starts with a checksum comment line: a pass that finds the file torn or changed
+    logs one line and rewrites it from its fresh discovery; one that finds it whole and already holding these labels
+    leaves it alone (NFD re-labels on every change it sees). `close` removes the file, so labels vanish when
+    discovery stops, as GFD's do.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
 
     def write(self, labels: dict[str, str]) -> None:
+        text = checked_features_file(labels)
+        if self._current() == text:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise KubegpuError(f"output file {self.path}: cannot write: {exc.strerror or exc}") from None
         try:  # the hidden temp (`.name.*.tmp`) is skipped by NFD; fsync + rename make the file whole or absent
-            write_durable(self.path, format_features_file(labels), mode=0o644)
+            write_durable(self.path, text, mode=0o644)
         except KubegpuError as exc:
             raise KubegpuError(f"output file {exc}") from None
+
+    def _current(self) -> str | None:
+        """The file's text if it is whole; None when missing, unreadable or corrupt (logged: it is rewritten)."""
+        try:
+            text = read_text(self.path, limit=FEATURE_FILE_LIMIT)
+            parse_features_file(text, str(self.path))
+        except CorruptStateError as exc:
+            log.warning("%s; rewriting it from this discovery pass", exc)
+            return None
+        except ConfigError:
+            return None
+        return text
 
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):

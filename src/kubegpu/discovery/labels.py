@@ -26,6 +26,7 @@ from kubegpu.sharing.devices import (
     sharing_spec,
 )
 from kubegpu.sharing.names import GPU_RESOURCE, SharingKind
+from kubegpu.statefiles import stamp_lines, verify_lines
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuDevice, MigDevice
@@ -337,6 +338,25 @@ def _bool(value: bool) -> str:
 def format_features_file(labels: Mapping[str, str]) -> str:
     """NFD `features.d` format: one `key=value` per line, sorted so that rewrites of the same set are identical."""
     return "".join(f"{key}={value}\n" for key, value in sorted(labels.items()))
+
+
+def checked_features_file(labels: Mapping[str, str]) -> str:
+    """The features file as the file sink writes it: behind a `# kubegpu-sha256=...` line, which NFD skips as a
+    comment, so `parse_features_file` tells a torn or tampered file from a whole one."""
+    return stamp_lines(format_features_file(labels))
+
+
+def parse_features_file(text: str, source: str) -> dict[str, str]:
+    """The labels of a features file as NFD reads them: trimmed lines, `#` lines skipped, `key=value` (a bare key
+    is "true"); CorruptStateError when the checksum line does not match. A file without one is taken as is."""
+    body, _ = verify_lines(text, source, "NFD feature file")
+    labels: dict[str, str] = {}
+    for raw in body.split("\n"):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            labels[key] = value if sep else "true"
+    return labels
 
 
 def node_label_patch(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:

@@ -113,7 +113,7 @@ def write_claim_spec(root: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
     target = spec_path(root, claim_uid)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        write_durable(target, json.dumps(spec, indent=2))
+        write_durable(target, json.dumps(spec, separators=(",", ":")))  # compact: C-encoded, read by runtimes
     except OSError as exc:
         raise KubegpuError(f"{target}: cannot write CDI spec: {exc.strerror or exc}") from exc
     return target

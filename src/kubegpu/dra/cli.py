@@ -106,6 +106,7 @@ def dra_driver_command(
     from kubegpu.dra.server import DraPluginServer
     from kubegpu.kube.errors import NotFound
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.sharing.mps_control import find_mps_control
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if layout not in ("split", "combined"):
@@ -122,7 +123,10 @@ def dra_driver_command(
 
     backend = open_backend(gpu_backend)
     plugin_dir = plugins_dir / driver_name
-    driver = DraDriver(backend, node_name, plugin_dir, cdi_root, get_claim, driver_name, dynamic_mig, mps_root)
+    # MPS-shared claims get a daemon each where the binary exists; a simulated node only records their limits
+    mps_binary = None if gpu_backend.startswith("sim:") else find_mps_control()
+    driver = DraDriver(backend, node_name, plugin_dir, cdi_root, get_claim, driver_name, dynamic_mig, mps_root,
+                       mps_binary)
     server = DraPluginServer(driver, plugin_dir, registry_dir)
     agent = DraAgent(driver, server, SlicePublisher(cluster, node_name, driver_name) if publish else None,
                      layout=layout)

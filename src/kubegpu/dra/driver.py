@@ -1,17 +1,19 @@
 """NodePrepareResources / NodeUnprepareResources: the DRA driver's node-side work, transport-free.
 
 Prepare, for each claim: answer from the checkpoint when it is already prepared (idempotent); else read the claim's
-allocation (our driver's results on this node's pool), decode its opaque config, record `PrepareStarted`, create
-the exact MIG placement for dynamic-MIG devices (each creation checkpointed at once), write the claim's CDI spec and
-record `PrepareCompleted`. Any failure rolls back that claim's partial work and is reported for that claim only.
-Unprepare destroys what prepare created and removes the spec; an unknown claim is already unprepared. At start,
-claims a crash left half-prepared are rolled back. Calls are serialized (one lock): prepare is fast, and GPU
-reconfiguration must not interleave.
+allocation (our driver's results on this node's pool) and decode its opaque config; work out what each device needs
+(a whole GPU, an existing MIG device, a dynamic-MIG instance to create) without touching anything; if the claim
+changes the node — instances to create, an MPS control daemon to start — record those intents as `PrepareStarted`
+(one durable write); then create the instances at exactly their placements, start the claim's daemon with its
+limits, write the claim's CDI spec and record `PrepareCompleted`. Any failure rolls back that claim's partial work
+and is reported for that claim only. Unprepare stops the daemon, destroys what prepare created and removes the spec;
+an unknown claim is already unprepared. At start, claims a crash left half-prepared are rolled back from their
+intents, and CDI specs and MPS limit files of claims never recorded are swept. Calls are serialized (one lock):
+prepare is fast, and GPU reconfiguration must not interleave.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +34,9 @@ from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedD
 from kubegpu.dra.config import Sharing, sharing_by_request
 from kubegpu.dra.devices import DRIVER, GpuOffer, Placement, gpu_offers, placements_by_name, read_node
 from kubegpu.errors import KubegpuError
-from kubegpu.files import write_durable
 from kubegpu.gpu.backend import GpuBackend, GpuBackendError, MigDevice
-from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, limits_document
+from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, MpsPlan
+from kubegpu.sharing.mps_control import MpsControl, record_limits
 
 log = logging.getLogger("kubegpu.dra")
 
@@ -58,9 +60,22 @@ class PrepareError(KubegpuError):
     """Preparing one claim failed; the message goes back to the kubelet for that claim."""
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What one allocated device needs at prepare, decided before anything changes."""
+
+    result: dict[str, str]
+    placement: Placement
+    existing: MigDevice | None = None  # a MIG device that is already there (static MIG)
+    create: bool = False  # dynamic MIG: an instance to create at exactly the placement
+
+
 class DraDriver:
     def __init__(self, backend: GpuBackend, node_name: str, plugin_dir: Path, cdi_root: Path, claims: ClaimGetter,
-                 driver_name: str = DRIVER, dynamic_mig: bool = False, mps_root: str = DEFAULT_MPS_ROOT) -> None:
+                 driver_name: str = DRIVER, dynamic_mig: bool = False, mps_root: str = DEFAULT_MPS_ROOT,
+                 mps_binary: str | None = None) -> None:
+        """`mps_binary`: the `nvidia-cuda-mps-control` to start MPS-shared claims' daemons with; None records their
+        limits only (a simulated node)."""
         self.backend = backend
         self.node_name = node_name
         self.driver_name = driver_name
@@ -69,6 +84,7 @@ class DraDriver:
         self.claims = claims
         self.plugin_dir = plugin_dir
         self.mps_root = mps_root
+        self.mps = MpsControl(Path(mps_root), mps_binary)
         self.checkpoint = Checkpoint(plugin_dir / "checkpoint.json")
         self._lock = threading.Lock()
         self.offers: list[GpuOffer] = []
@@ -125,37 +141,84 @@ class DraDriver:
             raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid}")
         results, configs = self._allocation(claim, ref)
         sharing = sharing_by_request(configs, self.driver_name, [r["request"] for r in results])
-        # recorded in memory now, on disk before the first GPU change (`_materialize`) and when complete; a crash
-        # before either leaves at most a CDI spec, which `_recover` sweeps
         record = ClaimRecord(namespace=ref.namespace, name=ref.name)
         self.checkpoint.claims[ref.uid] = record
         try:
-            prepared = []
-            for result in results:
-                placement = self._placements.get(result["device"])
-                if placement is None:
-                    raise PrepareError(f"device {result['device']} is not offered on node {self.node_name}")
-                mig = self._materialize(placement, record)
-                prepared.append((result, placement, mig, sharing.get(result["request"], Sharing())))
+            steps = self._steps(results)
+            plan = mps_plan(ref.uid, [(s.result["device"], s.placement, None, sharing.get(s.result["request"],
+                                                                                          Sharing())) for s in steps],
+                            self.mps_root)
+            daemon = plan is not None and self.mps.binary is not None
+            # intents on disk before the node changes; a claim that changes nothing is only written once complete
+            # (a crash before that leaves at most its CDI spec and limits file, which `_recover` sweeps)
+            record.planned_mig = [[s.placement.gpu_index, s.placement.profile_id or 0, s.placement.start or 0]
+                                  for s in steps if s.create]
+            if plan is not None and daemon:
+                record.mps = {"resource": plan.resource, "pipeDirectory": plan.pipe_dir, "logDirectory": plan.log_dir}
+            if record.planned_mig or record.mps:
+                self.checkpoint.save(ref.uid)
+            devices = [(s.result["device"], s.placement, self._materialize(s, record),
+                        sharing.get(s.result["request"], Sharing())) for s in steps]
+            if plan is not None:  # what the claim's daemon enforces, recorded as the device plugin does
+                record_limits(self._mps_file(ref.uid), [plan])
+                if daemon:
+                    self.mps.start_daemon(plan)
             minors = {o.gpu.index: o.gpu.device_minor for o in self.offers}
-            devices = [(r["device"], p, m, s) for r, p, m, s in prepared]
-            plan = mps_plan(ref.uid, devices, self.mps_root)
-            if plan is not None:  # what the claim's MPS daemon must enforce, recorded as the device plugin does
-                self._mps_file(ref.uid).parent.mkdir(parents=True, exist_ok=True)
-                write_durable(self._mps_file(ref.uid), json.dumps(limits_document([plan]), indent=2))
             spec = claim_spec(ref.uid, devices, minors, mps_root=self.mps_root)
             record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec))
             record.devices = [
-                PreparedDevice(request_names=[r["request"]], pool=r["pool"], device=r["device"],
-                               cdi_device_ids=[qualified_name(ref.uid, r["device"])])
-                for r, _, _, _ in prepared
+                PreparedDevice(request_names=[s.result["request"]], pool=s.result["pool"], device=s.result["device"],
+                               cdi_device_ids=[qualified_name(ref.uid, s.result["device"])])
+                for s in steps
             ]
             record.state = COMPLETED
-            self.checkpoint.save()
+            self.checkpoint.save(ref.uid)
         except Exception:
-            self._rollback(ref.uid)
+            try:
+                self._rollback(ref.uid)
+            except Exception:  # the claim's own error is what the kubelet must see; its retry rolls back again
+                log.exception("rolling back claim %s/%s failed", ref.namespace, ref.name)
             raise
         return record.devices
+
+    def _steps(self, results: list[dict[str, str]]) -> list[_Step]:
+        """Each device's placement and what it needs, checked against the GPUs (reads only: nothing changes)."""
+        steps = []
+        cache: dict[int, list[MigDevice]] = {}
+
+        def live(gpu: int) -> list[MigDevice]:  # one read per GPU per claim
+            if gpu not in cache:
+                cache[gpu] = self._live(gpu)
+            return cache[gpu]
+
+        for result in results:
+            placement = self._placements.get(result["device"])
+            if placement is None:
+                raise PrepareError(f"device {result['device']} is not offered on node {self.node_name}")
+            gpu = placement.gpu_index
+            if placement.profile_id is None or placement.start is None:
+                # a dynamic-MIG GPU left in MIG mode by earlier claims: CUDA sees no whole GPU until it is off
+                if self.dynamic_mig and self._mig_enabled(gpu) and live(gpu):
+                    raise PrepareError(f"GPU {gpu} still has MIG devices; it cannot be handed out whole")
+                steps.append(_Step(result, placement))
+                continue
+            if self.dynamic_mig and placement.mig_uuid is None:
+                # a placement with no instance at the last refresh: create it without reading the GPU first (an
+                # instance that appeared since makes the creation fail, and `_materialize` looks then)
+                steps.append(_Step(result, placement, create=True))
+                continue
+            there = [m for m in live(gpu)
+                     if (m.profile_id, m.start) == (placement.profile_id, placement.start)]
+            if there:
+                if (gpu, there[0].gi_id) in self.claimed_mig():
+                    raise PrepareError(f"MIG device {there[0].uuid} is already prepared for another claim")
+                steps.append(_Step(result, placement, existing=there[0]))
+            elif not self.dynamic_mig:
+                raise PrepareError(f"MIG device {placement.profile_id}@{placement.start} on GPU {gpu} no longer "
+                                   "exists")
+            else:
+                steps.append(_Step(result, placement, create=True))
+        return steps
 
     def _allocation(self, claim: Mapping[str, Any], ref: ClaimRef) -> tuple[list[dict[str, str]], list[Any]]:
         allocation = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
@@ -168,35 +231,31 @@ class DraDriver:
             raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: malformed allocation result")
         return [dict(r) for r in results], list(allocation.get("config") or [])
 
-    def _materialize(self, placement: Placement, record: ClaimRecord) -> MigDevice | None:
-        """The MIG device behind a placement: the existing one, or (dynamic MIG) one created at exactly it."""
-        if placement.profile_id is None or placement.start is None:
-            if self.dynamic_mig and self._mig_enabled(placement.gpu_index):
-                # a dynamic-MIG GPU left in MIG mode by earlier claims: CUDA sees no whole GPU until it is off
-                if self._live(placement.gpu_index):
-                    raise PrepareError(f"GPU {placement.gpu_index} still has MIG devices; it cannot be handed out "
-                                       "whole")
+    def _materialize(self, step: _Step, record: ClaimRecord) -> MigDevice | None:
+        """The MIG device behind a step: the existing one, or (dynamic MIG) one created at exactly its placement;
+        None for a whole GPU (whose MIG mode a dynamic-MIG driver turns off first)."""
+        placement = step.placement
+        if not step.create:
+            if step.existing is None and self.dynamic_mig and self._mig_enabled(placement.gpu_index):
                 self._set_mig_mode(placement.gpu_index, False)
-            return None
-        live = [m for m in self.backend.mig_devices(placement.gpu_index)
-                if (m.profile_id, m.start) == (placement.profile_id, placement.start)] \
-            if self._mig_enabled(placement.gpu_index) else []
-        if live:
-            if (placement.gpu_index, live[0].gi_id) in self.claimed_mig():
-                raise PrepareError(f"MIG device {live[0].uuid} is already prepared for another claim")
-            return live[0]
-        if not self.dynamic_mig:
-            raise PrepareError(f"MIG device {placement.profile_id}@{placement.start} on GPU {placement.gpu_index} "
-                               "no longer exists")
-        self.checkpoint.save()  # PrepareStarted on disk before the GPU changes
+            return step.existing
+        assert placement.profile_id is not None and placement.start is not None
         if not self._mig_enabled(placement.gpu_index):
             self._set_mig_mode(placement.gpu_index, True)
         try:
             mig = self.backend.create_mig_device(placement.gpu_index, placement.profile_id, placement.start)
         except GpuBackendError as exc:
-            raise PrepareError(f"cannot create MIG device on GPU {placement.gpu_index}: {exc}") from None
+            there = [m for m in self._live(placement.gpu_index)
+                     if (m.profile_id, m.start) == (placement.profile_id, placement.start)]
+            if not there:
+                raise PrepareError(f"cannot create MIG device on GPU {placement.gpu_index}: {exc}") from None
+            if (placement.gpu_index, there[0].gi_id) in self.claimed_mig():
+                raise PrepareError(f"MIG device {there[0].uuid} is already prepared for another claim") from None
+            # an instance nobody holds is already there: use it as found (unprepare leaves it, as for static MIG)
+            record.planned_mig.remove([placement.gpu_index, placement.profile_id, placement.start])
+            return there[0]
+        # in memory only: the intent saved before (`planned_mig`) already names it for recovery
         record.created_mig.append([placement.gpu_index, mig.gi_id])
-        self.checkpoint.save()
         return mig
 
     def _mps_file(self, uid: str) -> Path:
@@ -236,16 +295,32 @@ class DraDriver:
         record = self.checkpoint.claims.get(uid)
         if record is None:
             return
-        for gpu_index, gi_id in list(record.created_mig):
-            if any(m.gi_id == gi_id for m in self._live(gpu_index)):
-                self.backend.destroy_mig_device(gpu_index, gi_id)
-            record.created_mig.remove([gpu_index, gi_id])
-            self.checkpoint.save()
+        if record.mps:  # first: its daemon may hold the instances
+            self.mps.stop_daemon(MpsPlan(record.mps["resource"], record.mps["pipeDirectory"],
+                                         record.mps["logDirectory"]))
+        self._destroy_instances(uid, record)
         remove_claim_spec(self.cdi_root, uid)
         self._mps_file(uid).unlink(missing_ok=True)
         del self.checkpoint.claims[uid]
-        if self.checkpoint.path.exists() or self.checkpoint.claims:
-            self.checkpoint.save()
+        if self.checkpoint.on_disk(uid):
+            self.checkpoint.save(uid)
+
+    def _destroy_instances(self, uid: str, record: ClaimRecord) -> None:
+        """Destroy the instances this claim created: those recorded, and any at a placement it meant to create
+        (a crash between creating one and the next save) — never one another claim holds."""
+        others = {(gpu, gi) for other, r in self.checkpoint.claims.items() if other != uid
+                  for gpu, gi in r.created_mig}
+        for gpu in sorted({g for g, _ in record.created_mig} | {g for g, _, _ in record.planned_mig}):
+            mine = {gi for g, gi in record.created_mig if g == gpu}
+            planned = {(p, s) for g, p, s in record.planned_mig if g == gpu}
+            for mig in self._live(gpu):
+                if (gpu, mig.gi_id) in others:
+                    continue
+                at_planned = (mig.profile_id, mig.start) in planned
+                if (mig.gi_id in mine and (at_planned or not planned)) or (at_planned and mig.gi_id not in mine):
+                    self.backend.destroy_mig_device(gpu, mig.gi_id)
+        record.created_mig.clear()
+        record.planned_mig.clear()
 
     def _live(self, gpu_index: int) -> list[MigDevice]:
         return self.backend.mig_devices(gpu_index) if self._mig_enabled(gpu_index) else []
@@ -258,6 +333,10 @@ class DraDriver:
         for uid in claim_spec_uids(self.cdi_root):
             if uid not in self.checkpoint.claims:  # written just before a crash, never recorded as complete
                 remove_claim_spec(self.cdi_root, uid)
+        limits = self.plugin_dir / "mps"
+        for path in sorted(limits.glob("*.json")) if limits.is_dir() else []:
+            if path.stem not in self.checkpoint.claims:
+                path.unlink(missing_ok=True)
 
 
 __all__ = ["CDI_KIND", "ClaimRef", "DraDriver", "PrepareError", "PrepareResult"]

@@ -6,7 +6,7 @@ cannot overflow the arithmetic later.
 
 State file (JSON, `"kind": "kubegpu-sim-node"`, `"version": 1`)::
 
-    {"kind", "version", "node_name", "driver_version", "cuda_driver_version": [12, 4], "generation",
+    {"sha256", "kind", "version", "node_name", "driver_version", "cuda_driver_version": [12, 4], "generation",
      "gpus": [{"index", "model", "uuid", "pci_bus_id", "numa_node", "minor_number", "mig_enabled",
                "mig_pending_enabled", "mig_serial",
                "mig_devices": [{"gi_id", "ci_id", "profile_id", "start", "uuid", "load"}],
@@ -15,8 +15,11 @@ State file (JSON, `"kind": "kubegpu-sim-node"`, `"version": 1`)::
                         "energy_mj", "energy_at", "xid_last", "pcie_replay"}}],
      "xid_events": [{"gpu_index", "xid", "timestamp", "gi_id"}]}
 
-`minor_number` (the N of /dev/nvidia<N>) is the index on a new node; edit it to model a host whose driver numbers
-device files in another order. Files written before it existed have none and read as minor = index.
+`sha256` (written by kubegpu, checked by every reader; `kubegpu.statefiles`) is the checksum of the rest: a torn or
+tampered file is one error line naming it. A file without it is taken as hand-written, so after editing a file
+kubegpu wrote, delete the field. `minor_number` (the N of /dev/nvidia<N>) is the index on a new node; edit it to
+model a host whose driver numbers device files in another order. Files written before it existed have none and read
+as minor = index.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kubegpu.errors import ConfigError, NotFoundError
-from kubegpu.gpu.backend import GpuBackendError
+from kubegpu.gpu.backend import GpuBackendError, GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
 
 STATE_KIND = "kubegpu-sim-node"
@@ -228,3 +231,24 @@ def _model(gpu: dict[str, Any]) -> GpuModel:
 
 def _describe(gpu: dict[str, Any]) -> str:
     return f"GPU {gpu['index']} ({_model(gpu).product_name})"
+
+
+def _to_device(gpu: dict[str, Any]) -> GpuDevice:
+    model = _model(gpu)
+    pending = gpu.get("mig_pending_enabled")
+    return GpuDevice(
+        index=gpu["index"], uuid=gpu["uuid"], product_name=model.product_name, model_key=model.key,
+        memory_mib=model.memory_mib, pci_bus_id=gpu["pci_bus_id"], pci_device_id=model.pci_device_id,
+        numa_node=gpu["numa_node"], compute_capability=model.compute_capability,
+        multiprocessors=model.multiprocessors, mig_capable=model.mig_capable, mig_enabled=gpu["mig_enabled"],
+        mig_pending=pending is not None and pending != gpu["mig_enabled"], minor_number=_minor_number(gpu),
+    )
+
+
+def _to_mig_device(gpu: dict[str, Any], record: dict[str, Any]) -> MigDevice:
+    profile = _model(gpu).profile(record["profile_id"])
+    return MigDevice(
+        gpu_index=gpu["index"], gpu_uuid=gpu["uuid"], uuid=record["uuid"], gi_id=record["gi_id"],
+        ci_id=record["ci_id"], profile_id=profile.profile_id, profile_name=profile.name, start=record["start"],
+        size=profile.memory_slots, memory_mib=profile.memory_mib, multiprocessors=profile.multiprocessors,
+    )

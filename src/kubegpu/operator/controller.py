@@ -42,7 +42,9 @@ class LightkubeOperatorApi:
     OWNED = (("v1", "ServiceAccount"), ("v1", "Service"), ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"),
              ("rbac.authorization.k8s.io/v1", "ClusterRole"), ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
              ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-             ("node.k8s.io/v1", "RuntimeClass"), ("monitoring.coreos.com/v1", "ServiceMonitor"))
+             ("node.k8s.io/v1", "RuntimeClass"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"))
 
     def __init__(self, client: Any = None) -> None:
         import lightkube

@@ -177,8 +177,9 @@ def node_view(policy: ClusterPolicy, node: dict[str, Any], pods: list[dict[str, 
     statuses = ((driver or {}).get("status") or {}).get("containerStatuses") or []
     failing = any((s.get("state") or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff" for s in statuses)
     driver_started = ((driver or {}).get("metadata") or {}).get("creationTimestamp") or ""
-    validated = validator is not None and _pod_ready(validator) and \
-        (validator["metadata"].get("creationTimestamp") or "") >= driver_started
+    validator_started = ((validator or {}).get("metadata") or {}).get("creationTimestamp") or ""
+    validated = validator is not None and _pod_ready(validator) and validator_started >= driver_started
+    stale = validator is not None and driver is not None and validator_started < driver_started
     up = policy.spec.driver.upgradePolicy
     workload = [p for p in pods if p not in ours]
     try:
@@ -192,7 +193,7 @@ def node_view(policy: ClusterPolicy, node: dict[str, Any], pods: list[dict[str, 
         driver_outdated=outdated,
         driver_pod=f"{namespace}/{driver['metadata']['name']}" if driver else None,
         driver_ready=driver is not None and not outdated and _pod_ready(driver),
-        validated=validated, driver_failing=failing and not outdated,
+        validated=validated, validator_stale=stale, driver_failing=failing and not outdated,
         pods=[upgrade.PodView(
             p["metadata"].get("namespace", ""), p["metadata"]["name"], uses_gpu=_uses_gpu(p),
             daemonset=_owned_by_daemonset(p),
@@ -230,7 +231,7 @@ def perform(api: OperatorApi, action: upgrade.Action, namespace: str, now: float
     elif action.kind == "delete-pod":
         pod_namespace, _, pod = action.value.partition("/")
         api.delete_pod(pod_namespace, pod)
-    elif action.kind == "restart-driver":
+    elif action.kind in ("restart-driver", "restart-validator"):
         for validator in api.list_pods(node=action.node, namespace=namespace,
                                        labels={NAME_LABEL: "kubegpu", COMPONENT_LABEL: "operator-validator"}):
             api.delete_pod(namespace, validator["metadata"]["name"])  # every validation re-runs on the new driver

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from kubegpu import __version__
 from kubegpu.config import model_error_message
 from kubegpu.config.crds import custom_resource_definition
+from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError
 from kubegpu.sharing.names import GPU_RESOURCE
 
@@ -31,16 +32,12 @@ PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 IntOrString = int | str
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     name: str = Field(min_length=1)
     value: str = ""
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     key: str | None = None
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = None
@@ -48,12 +45,12 @@ class Toleration(_Model):
     tolerationSeconds: int | None = None
 
 
-class Resources(_Model):
+class Resources(ApiModel):
     limits: dict[str, IntOrString] = Field(default_factory=dict)
     requests: dict[str, IntOrString] = Field(default_factory=dict)
 
 
-class ComponentSpec(_Model):
+class ComponentSpec(ApiModel):
     """What every block has (the GPU Operator's common operand fields): on/off, image, env, resources, ..."""
 
     enabled: bool = True
@@ -78,7 +75,7 @@ class OperatorSpec(ComponentSpec):
     runtimeClass: str = "nvidia"
 
 
-class DaemonsetsSpec(_Model):
+class DaemonsetsSpec(ApiModel):
     """Settings every operand DaemonSet shares (GPU Operator `daemonsets`)."""
 
     labels: dict[str, str] = Field(default_factory=dict)
@@ -90,18 +87,18 @@ class DaemonsetsSpec(_Model):
     maxUnavailable: IntOrString = 1
 
 
-class WaitForCompletion(_Model):
+class WaitForCompletion(ApiModel):
     timeoutSeconds: int = Field(default=0, ge=0)
     podSelector: str = ""
 
 
-class PodDeletion(_Model):
+class PodDeletion(ApiModel):
     force: bool = False
     timeoutSeconds: int = Field(default=300, ge=0)
     deleteEmptyDir: bool = False
 
 
-class Drain(_Model):
+class Drain(ApiModel):
     enable: bool = False
     force: bool = False
     podSelector: str = ""
@@ -109,7 +106,7 @@ class Drain(_Model):
     deleteEmptyDir: bool = False
 
 
-class UpgradePolicy(_Model):
+class UpgradePolicy(ApiModel):
     """Rolling driver upgrades (GPU Operator `driver.upgradePolicy`)."""
 
     autoUpgrade: bool = True
@@ -144,14 +141,14 @@ class ToolkitSpec(ComponentSpec):
     installDir: str = "/usr/local/nvidia"
 
 
-class ConfigRef(_Model):
+class ConfigRef(ApiModel):
     """A ConfigMap and the key a node uses when its label names none."""
 
     name: str = ""
     default: str = ""
 
 
-class MpsSpec(_Model):
+class MpsSpec(ApiModel):
     root: str = "/run/nvidia/mps"
 
 
@@ -160,7 +157,7 @@ class DevicePluginSpec(ComponentSpec):
     mps: MpsSpec = Field(default_factory=MpsSpec)
 
 
-class MigSpec(_Model):
+class MigSpec(ApiModel):
     strategy: Literal["none", "single", "mixed"] = "single"
 
 
@@ -169,7 +166,7 @@ class MigManagerSpec(ComponentSpec):
     timeoutSeconds: int = Field(default=600, ge=1, description="a MIG change not done by then is rolled back")
 
 
-class ServiceMonitorSpec(_Model):
+class ServiceMonitorSpec(ApiModel):
     enabled: bool = False
     interval: str = "15s"
     honorLabels: bool = False
@@ -177,7 +174,7 @@ class ServiceMonitorSpec(_Model):
     relabelings: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ExporterConfig(_Model):
+class ExporterConfig(ApiModel):
     name: str = ""
 
 
@@ -186,7 +183,7 @@ class DcgmExporterSpec(ComponentSpec):
     serviceMonitor: ServiceMonitorSpec = Field(default_factory=ServiceMonitorSpec)
 
 
-class ValidatorComponent(_Model):
+class ValidatorComponent(ApiModel):
     env: list[EnvVar] = Field(default_factory=list)
 
 
@@ -201,7 +198,7 @@ class DisabledComponentSpec(ComponentSpec):
     enabled: bool = False
 
 
-class ClusterPolicySpec(_Model):
+class ClusterPolicySpec(ApiModel):
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
     driver: DriverSpec = Field(default_factory=DriverSpec)
@@ -221,7 +218,7 @@ class ClusterPolicySpec(_Model):
 State = Literal["ready", "notReady", "ignored"]
 
 
-class Condition(_Model):
+class Condition(ApiModel):
     type: Literal["Ready", "Error"]
     status: Literal["True", "False", "Unknown"]
     reason: str
@@ -229,18 +226,13 @@ class Condition(_Model):
     lastTransitionTime: str | None = None
 
 
-class ClusterPolicyStatus(_Model):
+class ClusterPolicyStatus(ApiModel):
     state: State | None = None
     namespace: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class ObjectMeta(_Model):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-
-
-class ClusterPolicy(_Model):
+class ClusterPolicy(ApiModel):
     model_config = ConfigDict(extra="ignore")
     apiVersion: Literal["kubegpu.io/v1"] = "kubegpu.io/v1"
     kind: Literal["ClusterPolicy"] = "ClusterPolicy"

@@ -282,12 +282,51 @@ def _exporter_extras(policy: ClusterPolicy, op: Operand, namespace: str) -> list
     return objects
 
 
+NODE_AGENT_POLICY = "kubegpu-node-agents-own-node"
+OWN_NODE_RULE = {
+    "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
+                  "request.name == request.userInfo.extra['authentication.kubernetes.io/node-name'][0]",
+    "message": "a kubegpu node agent may change only the Node it runs on",
+    "reason": "Forbidden",
+}
+
+
+def node_agent_users(namespace: str) -> list[str]:
+    """The node agents (DaemonSets) whose role may write Nodes: RBAC cannot keep them to their own Node."""
+    def writes_nodes(rule: dict[str, Any]) -> bool:
+        return "" in rule["apiGroups"] and "patch" in rule["verbs"] and bool({"nodes", "nodes/status"}
+                                                                              & set(rule["resources"]))
+    return [f"system:serviceaccount:{namespace}:{op.name}" for op in OPERANDS
+            if op.kind == "DaemonSet" and any(writes_nodes(r) for r in op.cluster_rules)]
+
+
+def node_agent_policy(namespace: str, state: str) -> list[dict[str, Any]]:
+    """deploy/kubernetes/policies/node-agents-own-node.yaml for the operator's operands: a Node write by a node
+    agent is denied unless it targets the Node its token is bound to (docs/security.md; Kubernetes 1.30+)."""
+    users = ", ".join(f"'{user}'" for user in node_agent_users(namespace))
+    group = "admissionregistration.k8s.io/v1"
+    return [
+        {"apiVersion": group, "kind": "ValidatingAdmissionPolicy",
+         "metadata": _meta(NODE_AGENT_POLICY, "operator", state),
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                          "operations": ["UPDATE", "DELETE"],
+                                                          "resources": ["nodes", "nodes/status"]}]},
+                  "matchConditions": [{"name": "kubegpu-node-agent",
+                                       "expression": f"request.userInfo.username in [{users}]"}],
+                  "validations": [dict(OWN_NODE_RULE)]}},
+        {"apiVersion": group, "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": _meta(NODE_AGENT_POLICY, "operator", state),
+         "spec": {"policyName": NODE_AGENT_POLICY, "validationActions": ["Deny"]}},
+    ]
+
+
 def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dict[str, Any]]:
     """Objects of one state, in the GPU Operator's file order (ServiceAccount → RBAC → workload → Service)."""
     if state == "pre-requisites":
         return [{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                  "metadata": _meta(policy.spec.operator.runtimeClass, "operator", state),
-                 "handler": policy.spec.operator.runtimeClass}]
+                 "handler": policy.spec.operator.runtimeClass}, *node_agent_policy(namespace, state)]
     if state == "state-operator-metrics":
         return [{"apiVersion": "v1", "kind": "Service",
                  "metadata": _meta("kubegpu-operator-metrics", "operator", state, namespace),

@@ -57,13 +57,14 @@ class NodeView:
     driver_pod: str | None = None  # "namespace/name" of the driver pod on this node
     driver_ready: bool = False  # driver pod Ready at the current revision
     validated: bool = False  # the validator on this node passed with the current driver
+    validator_stale: bool = False  # a validator pod older than the driver pod: it validated the previous driver
     driver_failing: bool = False  # crash-looping at the current revision
     pods: list[PodView] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Action:
-    """kind: set-state | cordon | uncordon | evict | delete-pod | restart-driver."""
+    """kind: set-state | cordon | uncordon | evict | delete-pod | restart-driver | restart-validator."""
 
     kind: str
     node: str
@@ -126,6 +127,10 @@ def step_node(policy: UpgradePolicy, node: NodeView, now: float) -> list[Action]
             return [_set(node, UNCORDON)]
         if node.driver_failing or _timed_out(node, VALIDATION_TIMEOUT, now):
             return [_set(node, FAILED)]
+        if node.driver_ready and node.validator_stale:
+            # the validator deleted with the old driver came back before the new driver pod did: it never re-runs
+            # on its own, so restart it now rather than wait for the validation timeout
+            return [Action("restart-validator", node.name)]
         return []
     if state == UNCORDON:
         return ([Action("uncordon", node.name)] if node.unschedulable and node.cordoned_by_us else []) + \

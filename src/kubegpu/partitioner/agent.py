@@ -3,7 +3,8 @@
 MIG: destroys and creates GPU instances at the exact placements asked for, through the GpuBackend; an instance with
 processes on it is never destroyed — the agent refuses that GPU's change and says so (an Event on the Node). The
 device plugin notices the new instances on its next re-list; nothing is restarted (docs/internals.md).
-MPS: writes the memory-slice file the device plugin reads (`{"<gpu index>": [<GB>, ...]}`).
+MPS: writes the memory-slice file the device plugin reads (`{"<gpu index>": [<GB>, ...]}` in a checksummed
+envelope); a torn or foreign slices file is rebuilt from the plan on the Node, with one log line.
 Either way it then reports free/used counts, the placement of every instance and the plan id it has handled.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.errors import KubegpuError, NotFoundError
+from kubegpu.files import CorruptStateError
 from kubegpu.gpu.backend import GpuBackend, GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
@@ -140,7 +142,7 @@ class PartitionAgent:
             self._event(node, "PartitioningRefused", line)
             return
         try:
-            current = read_slices(self.mps_slices_file)
+            current = self._current_slices(node)
         except KubegpuError as exc:
             line = f"MPS layout not applied: {exc}"
             report.refused.append(line)
@@ -165,6 +167,21 @@ class PartitionAgent:
             result[index] = list(sizes)
         if result != current:
             write_slices(self.mps_slices_file, result)
+
+    def _current_slices(self, node: dict[str, Any]) -> dict[int, list[int]]:
+        """The slices file; a torn or foreign one is rebuilt from the plan on the Node, its source of truth."""
+        assert self.mps_slices_file is not None
+        try:
+            return read_slices(self.mps_slices_file)
+        except CorruptStateError as exc:
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+            try:
+                rebuilt = {gpu.index: list(gpu.slices) for gpu in ann.parse_spec(annotations, "mps", {})}
+            except KubegpuError:
+                rebuilt = {}  # no readable plan: no slices, the state before any plan was applied
+            write_slices(self.mps_slices_file, rebuilt)
+            log.warning("%s; rebuilt it from the plan on Node %s (%d GPUs)", exc, self.node_name, len(rebuilt))
+            return rebuilt
 
     def _mps_used(self, current: Mapping[int, Sequence[int]]) -> dict[int, Counter[int]]:
         """Slices held by pods on this node, attributed to GPUs in index order (the plugin hands them out so)."""
@@ -192,7 +209,7 @@ class PartitionAgent:
         slices: dict[int, list[int]] = {}
         if mode == "mps" and self.mps_slices_file:
             try:
-                slices = read_slices(self.mps_slices_file)
+                slices = self._current_slices(node)
             except KubegpuError as exc:
                 log.error("%s", exc)  # reported once per pass; the GPUs show no slices until it is fixed
         used_mps = self._mps_used(slices) if mode == "mps" else {}

@@ -34,7 +34,7 @@ def plan_command(
     output: str = typer.Option("table", "--output", "-o", help="json or table"),
     planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
     time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
-                                     help="Seconds the exact planner may search; then its best plan."),
+                                     help="Wall-clock budget for the whole plan (s); then the best plan found."),
 ) -> None:
     """Plan MIG/MPS layouts for a cluster state offline: which pods a re-cut would make schedulable."""
     if output not in ("json", "table"):
@@ -87,7 +87,7 @@ def partitioner_command(
     metrics_address: str = typer.Option("", "--metrics-address", help="HOST:PORT to serve kubegpu_partitioner_* on."),
     planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
     time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
-                                     help="Seconds the exact planner may search per plan."),
+                                     help="Wall-clock budget for each plan (s)."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
     from kubegpu.kube.leader import LeaderElector

@@ -11,10 +11,13 @@ Model (aggregated so that 512 GPUs and 1,000 pods solve in well under a second):
   * Pod groups: pods with the same units, priority and eligible supply groups; an integer column per (pod group,
     eligible supply group) counts the pods served there, bounded by the free instances the chosen layouts offer.
 Objective, in order: priority-weighted pods made schedulable (one pod of a higher priority outweighs every pod below
-it), then instances created plus destroyed, then fragmentation (`geometry.free_space_score`). Normally two solves,
-each keeping the value the previous one reached: pods, then churn with fragmentation as its tie-breaker.
-The greedy runs first and seeds the solver, and its plan is kept when the solver, stopped by the time limit, has
-nothing better: the exact planner is never worse than the greedy.
+it), then instances created plus destroyed, then fragmentation (`geometry.free_space_score`). Normally two stages,
+each keeping the value the previous one reached: pods, then churn with fragmentation as its tie-breaker
+(`planner_solver.Lexicographic`: relaxation bound, neighbourhood incumbents, reduced-cost fixing, then branching).
+Time budget, wall clock for the whole plan (parsing, model, solver, disaggregation; HiGHS's one-off library load
+aside): the solver runs until `FINISH_SHARE` of it is left for disaggregation, and a plan it proves optimal is at
+least as good as any greedy plan. If it has not proven its plan by then, the greedy runs in all its pod orders (to
+the end, even past the budget: the plan is never worse than the greedy's) and the better plan is kept.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from kubegpu.gpu.geometry import PlacedInstance
 from kubegpu.partitioner.planner_disagg import disaggregate, plan_objective
 from kubegpu.partitioner.planner_gpus import USED, MigGpu, MpsGpu
 from kubegpu.partitioner.planner_greedy import Problem, finish, greedy_solve
-from kubegpu.partitioner.planner_layouts import LayoutOption, mig_options
+from kubegpu.partitioner.planner_layouts import LayoutOption, mig_options_many
 from kubegpu.partitioner.planner_model import (
     Plan,
     is_partition_resource,
@@ -44,6 +47,7 @@ from kubegpu.partitioner.planner_solver import Lexicographic, Outcome, Solver, S
 from kubegpu.scheduling import pod_key, pod_requests
 
 MAX_COEFFICIENT = 1e9  # pod weights above this are solved level by level (the objective stays exact in doubles)
+FINISH_SHARE = 0.1  # of the time limit, kept for turning the solver's counts into a plan per GPU and pod
 
 
 @dataclass
@@ -89,40 +93,56 @@ class Model:
     levels: dict[int, int] = field(default_factory=dict)  # pod column → priority
 
 
-def exact_solve(problem: Problem, time_limit: float) -> Plan:
-    """Plan `problem` exactly within `time_limit` seconds (see module doc).
+def exact_solve(problem: Problem, time_limit: float, started: float | None = None) -> Plan:
+    """Plan `problem` exactly within `time_limit` seconds of wall time counted from `started` (see module doc).
 
-    The greedy's first pod order seeds the solver. A proven optimum is at least as good as any greedy plan; when
-    the time limit stops the solver first, the greedy's other orders run too and the best plan is kept."""
+    The solver runs first, until `FINISH_SHARE` of the budget is left; a proven optimum is at least as good as any
+    greedy plan. Otherwise the greedy runs in every pod order, the solver goes on from the better of the two plans
+    while time is left, and the better of its plan and the greedy's is kept."""
     warm_up()
-    started = time.perf_counter()
-    seed = greedy_solve(problem, orders=slice(0, 1))
+    started = time.perf_counter() if started is None else started
+    solver_deadline = started + (1.0 - FINISH_SHARE) * time_limit
     if not problem.candidates:
-        return _with(seed, optimal=True, bound=0, score=0,
+        return _with(greedy_solve(problem, orders=slice(0, 1)), optimal=True, bound=0, score=0,
                      note="no pending pod a re-cut could serve; nothing changed")
     model = build(problem)
-    start = _start_from(model, problem, seed)
-    outcome = Lexicographic(model.solver, _stages(model)).run(start, deadline=started + time_limit)
-    exact: Plan | None = None
-    if outcome.values is not None:
-        gpu_plans, assignments = disaggregate(problem, model, outcome.values)
-        exact = finish(problem, gpu_plans, assignments, planner="exact", optimal=outcome.optimal,
-                       bound=_bound(model, outcome), note=outcome.status)
-    if exact is not None and outcome.optimal:
-        exact.score = score(model, exact)
+    stages = _stages(model)
+    outcome = Lexicographic(model.solver, stages).run(None, deadline=solver_deadline)
+    if outcome.optimal and outcome.values is not None:
+        return _exact_plan(problem, model, outcome, _bound(model, outcome))
+    greedy = greedy_solve(problem)
+    bound = _bound(model, outcome)
+    if time.perf_counter() < solver_deadline:  # e.g. the solver gave up early: go on from the better plan
+        start = _start_from(model, problem, greedy)
+        if _rank(stages, outcome.values) <= _rank(stages, start):
+            start = outcome.values
+        again = Lexicographic(model.solver, stages).run(start, deadline=solver_deadline)
+        if again.values is not None and _rank(stages, again.values) <= _rank(stages, outcome.values):
+            bound = min(bound, _bound(model, again))
+            outcome = again
+    exact = _exact_plan(problem, model, outcome, bound) if outcome.values is not None else None
+    if exact is not None and (exact.optimal or plan_objective(problem, exact) <= plan_objective(problem, greedy)):
         return exact
-    greedy = best_plan(problem, [seed, greedy_solve(problem, orders=slice(1, None))])
-    if exact is None or plan_objective(problem, greedy) < plan_objective(problem, exact):
-        kept = _with(greedy, bound=_bound(model, outcome), note=f"{outcome.status}; the greedy plan is kept")
-        kept.score = score(model, kept)
-        return kept
+    kept = _with(greedy, bound=bound, note=f"{outcome.status}; the greedy plan is kept")
+    kept.score = score(model, kept)
+    return kept
+
+
+def _exact_plan(problem: Problem, model: Model, outcome: Outcome, bound: int) -> Plan:
+    """The solver's plan, disaggregated, with its verdict."""
+    assert outcome.values is not None
+    gpu_plans, assignments = disaggregate(problem, model, outcome.values)
+    exact = finish(problem, gpu_plans, assignments, planner="exact", optimal=outcome.optimal, bound=bound,
+                   note=outcome.status)
     exact.score = score(model, exact)
     return exact
 
 
-def best_plan(problem: Problem, plans: Sequence[Plan]) -> Plan:
-    """The best of `plans` by the shared objective, the first on a tie."""
-    return min(plans, key=lambda p: plan_objective(problem, p))
+def _rank(stages: Sequence[Stage], values: Sequence[float] | None) -> tuple[float, ...]:
+    """A solution's stage objectives, in order (smaller is better); no solution ranks last."""
+    if values is None:
+        return (math.inf,)
+    return tuple(sum(c * values[j] for j, c in stage.costs.items()) for stage in stages)
 
 
 def _with(plan: Plan, **meta: Any) -> Plan:
@@ -218,22 +238,34 @@ def _weights(problem: Problem) -> dict[int, int]:
 
 def _mig_columns(problem: Problem, model: Model, wanted: set[str],
                  supply: dict[tuple[str, str], list[tuple[int, float]]]) -> None:
-    classes: dict[tuple[Any, ...], MigClass] = {}
+    members: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
+    gpus: dict[tuple[Any, ...], MigGpu] = {}
     for name, state in sorted(problem.states.items()):
         for gpu in state.gpus:
-            if not isinstance(gpu, MigGpu):
-                continue
-            used = tuple(sorted(i for i, t in gpu.layout if t == USED))
-            free = tuple(sorted(i for i, t in gpu.layout if t != USED))
-            key = (model.node_group[name], gpu.model.key, used, free, gpu.frozen)
-            if key not in classes:
-                ids = frozenset(pid for pid in (gpu.resources().get(r) for r in wanted) if pid is not None)
-                world, options = mig_options(gpu.model, used, free, ids, gpu.frozen)
-                resources = tuple(mig_resource(gpu.model, p) for p in world.profile_ids)
-                classes[key] = MigClass(model.node_group[name], [], options, used=used, resources=resources,
-                                        profile_ids=world.profile_ids,
-                                        wanted=tuple(p in ids for p in world.profile_ids))
-            classes[key].node_gpus.append((name, gpu.index))
+            if isinstance(gpu, MigGpu):
+                used = tuple(sorted(i for i, t in gpu.layout if t == USED))
+                free = tuple(sorted(i for i, t in gpu.layout if t != USED))
+                key = (model.node_group[name], gpu.model.key, used, free, gpu.frozen)
+                members.setdefault(key, []).append((name, gpu.index))
+                gpus.setdefault(key, gpu)
+    # the layout options of every distinct (model, in-use, free) shape, one model at a time, computed together
+    shapes: dict[str, dict[tuple[Any, ...], None]] = defaultdict(dict)
+    for key in members:
+        shapes[key[1]][key[2:]] = None
+    options: dict[tuple[Any, ...], tuple[Any, list[LayoutOption], frozenset[int]]] = {}
+    for model_key, wanted_shapes in shapes.items():
+        gpu = next(g for k, g in gpus.items() if k[1] == model_key)
+        ids = frozenset(pid for pid in (gpu.resources().get(r) for r in wanted) if pid is not None)
+        requests = list(wanted_shapes)
+        for shape, (world, found) in zip(requests, mig_options_many(gpu.model, ids, requests), strict=True):
+            options[(model_key, *shape)] = (world, found, ids)
+    classes: dict[tuple[Any, ...], MigClass] = {}
+    for key, node_gpus in members.items():
+        world, found, ids = options[key[1:]]
+        model_obj = gpus[key].model
+        classes[key] = MigClass(key[0], node_gpus, found, used=key[2],
+                                resources=tuple(mig_resource(model_obj, p) for p in world.profile_ids),
+                                profile_ids=world.profile_ids, wanted=tuple(p in ids for p in world.profile_ids))
     for mig in classes.values():
         count = len(mig.node_gpus)
         for option in mig.options:
@@ -318,10 +350,11 @@ def _stages(model: Model) -> list[Stage]:
     counts = Counter(g.priority for g in model.pods for _ in g.pods)
     if max(model.weights.values(), default=1) <= MAX_COEFFICIENT:
         everything = sum(model.weights[level] * n for level, n in counts.items())
-        stages = [Stage("pods", {c: -w for c, w in solver.costs["pods"].items()}, known=-everything)]
+        stages = [Stage("pods", {c: -w for c, w in solver.costs["pods"].items()}, known=-everything,
+                        then=solver.costs["churn"])]
     else:
         stages = [Stage(f"pods@{level}", {c: -1.0 for c, lv in model.levels.items() if lv == level},
-                        known=-counts[level])
+                        known=-counts[level], then=solver.costs["churn"])
                   for level in sorted(model.weights, reverse=True)]
     span = sum(len(m.node_gpus) * (max(o.frag for o in m.options) - min(o.frag for o in m.options))
                for m in model.mig)

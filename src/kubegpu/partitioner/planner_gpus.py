@@ -90,14 +90,14 @@ class MigGpu:
 
     @cached_property
     def changes(self) -> int:
-        now = Counter(i for i, _ in self.layout)
-        before = Counter(self.original)
-        return sum((now - before).values()) + sum((before - now).values())
+        """Instances created plus destroyed. A legal layout never holds the same placement twice, so this is the
+        size of the symmetric difference of two sets."""
+        return len(frozenset(i for i, _ in self.layout).symmetric_difference(self.original))
 
     @cached_property
     def fragmentation(self) -> int:
         """Lower is better: minus geometry's measure of how useful the free space is."""
-        return -free_space_score(self.model, [i for i, _ in self.layout])
+        return _fragmentation(self.model, tuple(sorted(i for i, _ in self.layout)))
 
     @cached_property
     def free_counts(self) -> Counter[str]:
@@ -173,7 +173,8 @@ GpuState = MigGpu | MpsGpu
 
 
 _RESOURCE_IDS: dict[tuple[str, int], dict[str, int]] = {}
-_PLACED: dict[tuple[str, int, tuple[int, ...], tuple[PlacedInstance, ...]], tuple[PlacedInstance, ...] | None] = {}
+_PLACED: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple[PlacedInstance, ...] | None] = {}
+_FRAGMENTATION: dict[tuple[str, int, tuple[PlacedInstance, ...]], int] = {}
 
 
 def _resource_ids(model: GpuModel) -> dict[str, int]:
@@ -186,14 +187,27 @@ def _resource_ids(model: GpuModel) -> dict[str, int]:
     return found
 
 
+def _fragmentation(model: GpuModel, layout: tuple[PlacedInstance, ...]) -> int:
+    """Minus `geometry.free_space_score`, memoised: the same layouts recur on many GPUs and in every pod order."""
+    key = (model.key, id(model), layout)
+    found = _FRAGMENTATION.get(key)
+    if found is None:
+        if len(_FRAGMENTATION) > 100_000:
+            _FRAGMENTATION.clear()
+        found = _FRAGMENTATION[key] = -free_space_score(model, list(layout))
+    return found
+
+
 def _placed(model: GpuModel, wanted: Sequence[int], fixed: Sequence[PlacedInstance]) -> list[PlacedInstance] | None:
-    """`geometry.place`, returning only the new instances; memoised, as the same GPU shapes recur across plans."""
-    key = (model.key, id(model), tuple(sorted(wanted)), tuple(sorted(fixed)))
+    """`geometry.place`, returning only the new instances; memoised, as the same GPU shapes recur across plans
+    (keyed on plain (profile, start) pairs: hashing and sorting them is several times cheaper than the dataclass)."""
+    pairs = tuple(sorted((i.profile_id, i.start) for i in fixed))
+    key = (model.key, id(model), tuple(sorted(wanted)), pairs)
     if key not in _PLACED:
         if len(_PLACED) > 100_000:
             _PLACED.clear()
-        result = place(model, key[2], key[3])
+        result = place(model, key[2], [PlacedInstance(p, s) for p, s in pairs])
         # place returns the fixed instances first, as given, then the new ones
-        _PLACED[key] = None if result is None else tuple(result[len(key[3]):])
+        _PLACED[key] = None if result is None else tuple(result[len(pairs):])
     found = _PLACED[key]
     return list(found) if found is not None else None

@@ -7,16 +7,26 @@ rules as `geometry.layout_errors` (legal starts, disjoint memory, per-profile ma
 A GPU class (same model, same in-use instances, same free instances) then keeps the layouts that contain its in-use
 instances and whose free part only holds profiles some pod asks for or the GPU already has; of the layouts with the
 same free multiset only the best survives: fewest instances created plus destroyed, then least fragmentation
-(`geometry.free_space_score`), then the lowest index (deterministic). Pure, memoised per model and in-use set.
+(`geometry.free_space_score`), then the lowest index (deterministic). All classes of a model are computed together
+as arrays over (layout, class) pairs (a few numpy operations instead of a Python loop per class and layout), and
+each class's options are remembered across plans. Pure.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from kubegpu.gpu.catalog import GpuModel, MigProfile
 from kubegpu.gpu.geometry import PlacedInstance, free_space_score
+
+_UNKNOWN = -(1 << 62)  # a fragmentation not computed yet
 
 
 @dataclass(frozen=True)
@@ -94,23 +104,50 @@ class Universe:
             self._frag[index] = -free_space_score(self.model, list(self.instances(self.layouts[index])))
         return self._frag[index]
 
-    @lru_cache(maxsize=4096)  # noqa: B019 - one Universe per model lives for the process; the cache is the point
-    def around(self, used: int, allowed: frozenset[int], wanted: frozenset[int]
-               ) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-        """(layout index, layout mask, free counts of wanted profiles) of the layouts holding every `used`
-        placement whose free part only has profiles in `allowed` (profile ids); other profiles count as zero."""
-        base = _counts_of(self, used)
-        found = []
-        banned = [k for k, p in enumerate(self.profile_ids) if p not in allowed]
-        keep = [p in wanted for p in self.profile_ids]
-        for index, mask in enumerate(self.layouts):
-            if mask & used != used:
-                continue
-            free = [a - b for a, b in zip(self.counts[index], base, strict=True)]
-            if any(free[k] for k in banned):
-                continue
-            found.append((index, mask, tuple(n if k else 0 for n, k in zip(free, keep, strict=True))))
-        return tuple(found)
+    @cached_property
+    def arrays(self) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The layouts as arrays: which placements each holds, its instances per profile and its instance count."""
+        bits = np.array([[mask >> k & 1 for k in range(len(self.placements))] for mask in self.layouts], dtype=bool)
+        counts = np.array(self.counts, dtype=np.int64).reshape(len(self.layouts), len(self.profile_ids))
+        return bits, counts, bits.sum(axis=1)
+
+    @cached_property
+    def _frags(self) -> npt.NDArray[np.int64]:
+        return np.full(len(self.layouts), _UNKNOWN, dtype=np.int64)
+
+    def frags(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Fragmentation (`frag`) of these layouts, as an array (each computed once, when first asked for)."""
+        known = self._frags
+        for index in np.unique(indices[known[indices] == _UNKNOWN]).tolist():
+            known[index] = self.frag(index)
+        return known[indices]
+
+
+def _undominated(group: npt.NDArray[np.int64], offers: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which rows (sorted by group, best-ranked first within it) no better-ranked row of their group covers (offers
+    at least as much in every profile; offers are distinct within a group).
+
+    The best rank over every offer covering a point is a suffix minimum over the small lattice of counts, one pass
+    per profile; a row is undominated when that minimum at its own point is its own rank."""
+    if not len(offers):
+        return np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(np.r_[True, np.diff(group) != 0])
+    rank = np.arange(len(offers)) - np.repeat(starts, np.diff(np.r_[starts, len(offers)]))
+    slot = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(offers)]))
+    dims = tuple(int(n) + 1 for n in offers.max(axis=0))
+    if len(starts) * math.prod(dims) > 1 << 24:  # an unusually wide lattice: compare pairs within each group
+        keep = np.ones(len(offers), dtype=bool)
+        for first, end in zip(starts, np.r_[starts[1:], len(offers)], strict=True):
+            block = offers[first:end]
+            cover = (block[None, :, :] >= block[:, None, :]).all(axis=2)  # [i, j]: j offers all i does
+            keep[first:end] = ~np.tril(cover, k=-1).any(axis=1)
+        return keep
+    lattice = np.full((len(starts), *dims), len(offers), dtype=np.int32)
+    at = (slot, *offers.T)
+    lattice[at] = rank
+    for axis in range(1, len(dims) + 1):
+        lattice = np.flip(np.minimum.accumulate(np.flip(lattice, axis), axis=axis), axis)
+    return np.asarray(lattice[at] == rank)
 
 
 def _counts_of(universe: Universe, mask: int) -> tuple[int, ...]:
@@ -127,48 +164,106 @@ def universe(model: GpuModel, media_extensions: bool) -> Universe:
     return Universe(model, media_extensions)
 
 
+Request = tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], bool]  # in-use, free instances, frozen
+# The options of a class are a pure function of its model, shape and the wanted profiles: remembered across plans,
+# since a controller re-plans clusters whose GPUs mostly keep their shape (keyed on the model's identity, as
+# hashing a whole GpuModel costs more than the lookup saves).
+_OPTIONS: dict[tuple[Any, ...], tuple[Universe, list[LayoutOption]]] = {}
+_CHUNK = 256  # classes computed together (bounds the layouts x classes x profiles arrays)
+
+
 def mig_options(model: GpuModel, used: tuple[PlacedInstance, ...], free: tuple[PlacedInstance, ...],
                 wanted: frozenset[int], frozen: bool = False) -> tuple[Universe, list[LayoutOption]]:
-    """The columns of one GPU class: the best layout per multiset of free instances pods want, sorted by it.
+    """The columns of one GPU class (see `mig_options_many`)."""
+    return mig_options_many(model, wanted, [(used, free, frozen)])[0]
+
+
+def mig_options_many(model: GpuModel, wanted: frozenset[int], requests: Sequence[Request]
+                     ) -> list[tuple[Universe, list[LayoutOption]]]:
+    """The columns of GPU classes of one model: per class, the best layout per multiset of free instances pods
+    want, sorted by it.
 
     `wanted` are the profile ids pending pods ask for; free counts of other profiles are left out (zero), as they
-    serve nobody. A layout another one dominates (at least as many wanted instances of every profile, no more churn
-    and fragmentation) is dropped. A frozen GPU keeps its current layout (one option).
-    """
-    media = any(model.profile(p).media_extensions for p in wanted) or any(
-        model.profile(i.profile_id).media_extensions for i in (*used, *free))
-    world = universe(model, media)
-    used_mask, free_mask = world.mask(used), world.mask(free)
-    assert used_mask is not None and free_mask is not None, "a legal layout is always inside its universe"
-    have = free_mask.bit_count()
-    if frozen:
-        index = world.layouts.index(used_mask | free_mask)
-        counts = tuple(a - b for a, b in zip(world.counts[index], _counts_of(world, used_mask), strict=True))
-        return world, [LayoutOption(counts, world.instances(used_mask | free_mask), 0, 0, world.frag(index))]
-    allowed = frozenset(wanted | {i.profile_id for i in free})
-    best: dict[tuple[int, ...], tuple[int, int, int, int]] = {}  # wanted free counts → (churn, frag, index, kept)
-    for index, mask, counts in world.around(used_mask, allowed, frozenset(wanted)):  # unwanted ones serve nobody
-        kept = (mask & free_mask).bit_count()
-        churn = have + (mask & ~used_mask).bit_count() - 2 * kept
-        current = best.get(counts)
-        if current is not None and current[0] < churn:
+    serve nobody. A class keeps the layouts holding its in-use instances whose free part only has wanted profiles or
+    ones it already has; of those with the same free multiset the best survives (fewest instances created plus
+    destroyed, then least fragmentation, then the lowest index: deterministic), and a layout another one dominates
+    (at least as many wanted instances of every profile, no more churn and fragmentation) is dropped. A frozen GPU
+    keeps its current layout (one option). Classes are computed together, as arrays over (layout, class) pairs."""
+    found: list[tuple[Universe, list[LayoutOption]] | None] = [None] * len(requests)
+    batches: dict[bool, list[int]] = {}
+    with_media = {p.profile_id for p in model.mig_profiles if p.media_extensions}
+    wants_media = bool(with_media & wanted)
+    for k, (used, free, frozen) in enumerate(requests):
+        remembered = _OPTIONS.get((model.key, id(model), wanted, used, free, frozen))
+        if remembered is not None and remembered[0].model is model:
+            found[k] = remembered
             continue
-        key = (churn, world.frag(index), index, kept)
-        if current is None or key < current:
-            best[counts] = key
-    guard = sum(16 << 5 * k for k in range(len(world.profile_ids)))
-    front: list[tuple[tuple[int, ...], int, int, int, int]] = []  # the options no other one dominates
-    packed_front: list[int] = []
-    for counts, (churn, frag, index, kept) in sorted(best.items(), key=lambda kv: (kv[1][:2], -sum(kv[0]), kv[0])):
-        # sorted by churn and fragmentation: only an earlier option can dominate this one (offer at least as much).
-        # Counts are packed 5 bits each with a guard bit, so "every count >= " is one subtraction (no count > 15).
-        packed = sum(n << 5 * k for k, n in enumerate(counts))
-        if not any((other | guard) - packed & guard == guard for other in packed_front):
-            front.append((counts, churn, frag, index, kept))
-            packed_front.append(packed)
-    options = []
-    for counts, churn, frag, index, kept in sorted(front):
-        destroyed = have - kept
-        options.append(LayoutOption(counts, world.instances(world.layouts[index]), churn - destroyed, destroyed,
-                                    frag))
-    return world, options
+        media = wants_media or any(i.profile_id in with_media for i in (*used, *free))
+        world = universe(model, media)
+        if frozen:
+            used_mask, free_mask = world.mask(used), world.mask(free)
+            assert used_mask is not None and free_mask is not None, "a legal layout is always inside its universe"
+            index = world.layouts.index(used_mask | free_mask)
+            now = tuple(a - b for a, b in zip(world.counts[index], _counts_of(world, used_mask), strict=True))
+            found[k] = (world, [LayoutOption(now, world.instances(used_mask | free_mask), 0, 0, world.frag(index))])
+        else:
+            batches.setdefault(media, []).append(k)
+    for media, members in batches.items():
+        world = universe(model, media)
+        for first in range(0, len(members), _CHUNK):
+            chunk = members[first:first + _CHUNK]
+            for k, batched in zip(chunk, _batch(world, wanted, [requests[k] for k in chunk]), strict=True):
+                found[k] = (world, batched)
+    if len(_OPTIONS) > 50_000:
+        _OPTIONS.clear()
+    for (used, free, frozen), entry in zip(requests, found, strict=True):
+        assert entry is not None
+        _OPTIONS[(model.key, id(model), wanted, used, free, frozen)] = entry
+    return [f for f in found if f is not None]
+
+
+def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request]) -> list[list[LayoutOption]]:
+    bits, counts, sizes = world.arrays
+    placements = len(world.placements)
+    used = np.zeros((len(requests), placements), dtype=bool)
+    free = np.zeros((len(requests), placements), dtype=bool)
+    allowed = np.zeros((len(requests), len(world.profile_ids)), dtype=bool)
+    want = np.array([p in wanted for p in world.profile_ids])
+    for c, (in_use, spare, _) in enumerate(requests):
+        used[c, [world.bit[(i.profile_id, i.start)] for i in in_use]] = True
+        free[c, [world.bit[(i.profile_id, i.start)] for i in spare]] = True
+        present = {i.profile_id for i in spare}
+        allowed[c] = [p in wanted or p in present for p in world.profile_ids]
+    of_profile = np.zeros((placements, len(world.profile_ids)), dtype=np.int64)
+    position = {p: k for k, p in enumerate(world.profile_ids)}
+    for k, (profile, _) in enumerate(world.placements):
+        of_profile[k, position[profile.profile_id]] = 1
+    base = used.astype(np.int64) @ of_profile  # in-use instances per class and profile
+    n_used, have = used.sum(axis=1), free.sum(axis=1)
+    holds = (bits.astype(np.int64) @ used.T.astype(np.int64)) == n_used  # [layout, class]: keeps the in-use ones
+    extra = counts[:, None, :] - base[None, :, :]  # [layout, class, profile]: free instances of the layout
+    holds &= ~((extra != 0) & ~allowed[None, :, :]).any(axis=2)
+    layout, cls = np.nonzero(holds)
+    offered = extra[layout, cls] * want  # unwanted profiles serve nobody
+    kept = (bits[layout] & free[cls]).sum(axis=1)
+    churn = have[cls] + (sizes[layout] - n_used[cls]) - 2 * kept
+    frag = world.frags(layout)
+    # the best layout per (class, offer): fewest changes, then least fragmentation, then the lowest index
+    order = np.lexsort((layout, frag, churn, *offered.T[::-1], cls))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (np.diff(offered[order], axis=0) != 0).any(axis=1) | (np.diff(cls[order]) != 0)
+    best = order[first]
+    # ranked per class by changes, fragmentation, then larger offers: an option is dominated when a better-ranked
+    # one of its class offers at least as much of every profile
+    best = best[np.lexsort((*offered[best].T[::-1], -offered[best].sum(axis=1), frag[best], churn[best],
+                            cls[best]))]
+    front = best[_undominated(cls[best], offered[best])]
+    front = front[np.lexsort((*offered[front].T[::-1], cls[front]))]
+    options: list[list[LayoutOption]] = [[] for _ in requests]
+    for k, c, index, n_kept, n_churn, n_frag in zip(front.tolist(), cls[front].tolist(), layout[front].tolist(),
+                                                    kept[front].tolist(), churn[front].tolist(),
+                                                    frag[front].tolist(), strict=True):
+        destroyed = int(have[c]) - n_kept
+        options[c].append(LayoutOption(tuple(offered[k].tolist()), world.instances(world.layouts[index]),
+                                       n_churn - destroyed, destroyed, n_frag))
+    return options

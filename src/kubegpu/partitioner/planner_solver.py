@@ -1,14 +1,30 @@
 """A small column-wise builder for integer programs and a lexicographic driver for HiGHS (`highspy`).
 
 Lexicographic: each stage minimises its own objective; before the next stage runs, a row keeps the value the
-stage reached, and the solver starts from the previous stage's solution (so every stage has an incumbent and
-the plan can only get better). All objective coefficients are integers, so an absolute gap under 1 is optimal.
+stage reached, and the stage starts from the previous stage's solution (so every stage after the first has an
+incumbent and the plan can only get better). All objective coefficients are integers, so an absolute gap under 1
+is optimal.
 The whole run shares one deadline; a stage stopped by it returns its best solution and the run ends there.
+
+A stage is solved in up to three steps, each exact:
+  1. The linear relaxation (a few tens of milliseconds on the planner's largest models). Its optimum bounds the
+     stage from below: an incumbent within 1 of it (the objective is integral) is proven optimal with no branching,
+     and so is a relaxed solution that happens to be integral.
+  2. Quick incumbents from small integer programs around the relaxation: over its support, over the columns where
+     it and the incumbent disagree (the rest fixed at their common value), and over the union of both supports;
+     any may reach the relaxation's bound and prove the stage. They break ties with the next stage's objective,
+     so that stage starts from a good incumbent.
+  3. Otherwise the integer program, after reduced-cost fixing against the incumbent: a column whose reduced cost
+     alone lifts the relaxation's bound past the incumbent keeps its bound in every better solution, so it is fixed
+     there (most of the model on the planner's states). The stage's bound is then the smaller of the solver's bound
+     on the fixed model and the incumbent, never below the relaxation's.
+Columns whose bounds meet are substituted into the rows, and the model goes to HiGHS as whole arrays (row-wise).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import threading
@@ -18,9 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import highspy
+import numpy as np
+import numpy.typing as npt
 
 _banner_lock = threading.Lock()
 _banner_shown = False
+
+Vector = npt.NDArray[np.float64]
+_ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixFormat, ObjSense and HighsVarType values
+_INTEGRAL = 1e-6  # a relaxed value this close to an integer is that integer
+_DIVE_SHARE = 0.25  # of the time left, for the quick incumbent from the relaxation
+_EXACT = 2.0**50  # integers below this stay exact in doubles, with room for sums
 
 
 def warm_up() -> None:
@@ -55,17 +79,26 @@ def new_highs() -> Any:
 
 
 class Solver:
-    """Integer columns with named objective coefficients, and rows of (column, coefficient) entries."""
+    """Integer columns with named objective coefficients, and rows of (column, coefficient) entries, kept as the
+    flat row-wise arrays HiGHS takes."""
 
     def __init__(self) -> None:
         self.lower: list[float] = []
         self.upper: list[float] = []
         self.costs: dict[str, dict[int, float]] = defaultdict(dict)
-        self.rows: list[tuple[float | None, float | None, list[tuple[int, float]]]] = []
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+        self.starts: list[int] = [0]
+        self.index: list[int] = []
+        self.value: list[float] = []
 
     @property
     def columns(self) -> int:
         return len(self.lower)
+
+    @property
+    def rows(self) -> int:
+        return len(self.row_lower)
 
     def column(self, lower: float, upper: float, **costs: float) -> int:
         index = len(self.lower)
@@ -77,7 +110,12 @@ class Solver:
         return index
 
     def row(self, lower: float | None, upper: float | None, entries: list[tuple[int, float]]) -> None:
-        self.rows.append((lower, upper, entries))
+        self.row_lower.append(-highspy.kHighsInf if lower is None else float(lower))
+        self.row_upper.append(highspy.kHighsInf if upper is None else float(upper))
+        for column, value in entries:
+            self.index.append(column)
+            self.value.append(value)
+        self.starts.append(len(self.index))
 
 
 @dataclass
@@ -85,13 +123,15 @@ class Stage:
     name: str
     costs: dict[int, float]  # column → coefficient, minimised
     known: float | None = None  # a proven lower bound: a start reaching it needs no solve
+    then: dict[int, float] = field(default_factory=dict)  # the next stage's objective: quick incumbents break ties
+    # with it, so that the next stage starts from a good one
 
 
 @dataclass
 class StageResult:
     name: str
     value: float  # objective of the solution kept
-    bound: float  # the solver's proven lower bound on the objective
+    bound: float  # the proven lower bound on the objective
     optimal: bool
 
 
@@ -107,114 +147,241 @@ class Outcome:
         return len(self.results) == self.stages and all(r.optimal for r in self.results)
 
 
+@dataclass
+class _Run:
+    """One HiGHS run: "optimal", "infeasible" or "stopped" (time limit or another status, `status` says which), the
+    full solution when one was found, its objective, the solver's bound, and reduced costs (relaxations only)."""
+
+    kind: str
+    x: Vector | None
+    value: float
+    bound: float
+    duals: Vector
+    status: str
+    consistent: bool = True  # the solution's recomputed objective matches the one HiGHS reports
+
+
+@dataclass
+class _Step:
+    """What one stage produced: the solution kept (None: none found) and, when there is one, its result."""
+
+    values: Vector | None
+    result: StageResult | None
+    status: str
+
+
 class Lexicographic:
     def __init__(self, solver: Solver, stages: list[Stage]) -> None:
-        self.solver = solver
         self.stages = stages
+        self.columns = solver.columns
+        self.lower = np.array(solver.lower, dtype=np.float64)
+        self.upper = np.array(solver.upper, dtype=np.float64)
+        self.row_lower = np.array(solver.row_lower, dtype=np.float64)
+        self.row_upper = np.array(solver.row_upper, dtype=np.float64)
+        self.starts = np.array(solver.starts, dtype=np.int32)
+        self.index = np.array(solver.index, dtype=np.int32)
+        self.value = np.array(solver.value, dtype=np.float64)
 
     def run(self, start: list[float] | None, deadline: float) -> Outcome:
-        values = start
-        outcome = Outcome(values, "optimal", stages=len(self.stages))
-        if self.solver.columns == 0:  # nothing to decide (HiGHS calls an empty model "Empty", not optimal)
+        values = None if start is None else np.array(start, dtype=np.float64)
+        outcome = Outcome(start, "optimal", stages=len(self.stages))
+        if self.columns == 0:  # nothing to decide (HiGHS calls an empty model "Empty", not optimal)
             outcome.values = []
             outcome.results = [StageResult(stage.name, 0.0, 0.0, True) for stage in self.stages]
             return outcome
-        kept: list[tuple[float | None, float | None, list[tuple[int, float]]]] = []  # the stages' values so far
         for stage in self.stages:
-            left = deadline - time.perf_counter()
-            if left <= 0.0:
+            cost = self._cost(stage)
+            if time.perf_counter() >= deadline:
                 outcome.status = f"time limit reached before the {stage.name} stage"
                 break
             if stage.known is not None and values is not None:
-                value = sum(c * values[j] for j, c in stage.costs.items())
+                value = float(cost @ values)
                 if value <= stage.known + 0.5:  # the start is already optimal for this stage
                     outcome.results.append(StageResult(stage.name, value, value, True))
-                    kept.append((None, value + 0.5, sorted(stage.costs.items())))
+                    self._keep(cost, value)
                     continue
-            highs = self._solve(stage, kept, values, left)
-            if values is not None and not _consistent(highs, stage):
-                # HiGHS 1.16 with a start solution and presolve can report the better objective it found but hand
-                # back the start's columns; solve the stage again without the start when that happens.
-                highs = self._solve(stage, kept, None, max(deadline - time.perf_counter(), 0.001))
-                if not _consistent(highs, stage):
-                    outcome.status = f"{stage.name} stage: the solver returned an inconsistent solution"
-                    break
-            status = highs.getModelStatus()
-            info = highs.getInfo()
-            if info.primal_solution_status != 2:  # no feasible solution: keep the previous stage's
-                outcome.status = f"{stage.name} stage: {highs.modelStatusToString(status)}"
+            step = self._stage(stage.name, cost, values, deadline, self._cost(Stage("", stage.then)))
+            if step.values is None or step.result is None:  # no feasible solution: keep the previous stage's
+                outcome.status = step.status
                 break
-            values = [float(round(v)) for v in highs.getSolution().col_value]
-            value = sum(c * values[j] for j, c in stage.costs.items())
-            optimal = status == highspy.HighsModelStatus.kOptimal
-            outcome.results.append(StageResult(stage.name, value, float(info.mip_dual_bound), optimal))
-            outcome.values = values
-            if not optimal:
-                outcome.status = f"{stage.name} stage: {highs.modelStatusToString(status)}"
+            values = step.values
+            outcome.values = values.tolist()
+            outcome.results.append(step.result)
+            if not step.result.optimal:
+                outcome.status = step.status
                 break
             if stage.costs:
-                kept.append((None, value + 0.5, sorted(stage.costs.items())))
+                self._keep(cost, step.result.value)
         return outcome
 
-    def _solve(self, stage: Stage, kept: list[tuple[float | None, float | None,
-               list[tuple[int, float]]]], start: list[float] | None, seconds: float) -> Any:
+    def _cost(self, stage: Stage) -> Vector:
+        cost = np.zeros(self.columns, dtype=np.float64)
+        if stage.costs:
+            cost[np.fromiter(stage.costs.keys(), dtype=np.int64, count=len(stage.costs))] = list(stage.costs.values())
+        return cost
+
+    def _keep(self, cost: Vector, value: float) -> None:
+        """A row holding the stage's objective at the value it reached, for the stages after it."""
+        columns = np.flatnonzero(cost).astype(np.int32)
+        self.row_lower = np.append(self.row_lower, -highspy.kHighsInf)
+        self.row_upper = np.append(self.row_upper, value + 0.5)
+        self.index = np.concatenate([self.index, columns])
+        self.value = np.concatenate([self.value, cost[columns]])
+        self.starts = np.append(self.starts, np.int32(len(self.index)))
+
+    def _stage(self, name: str, cost: Vector, start: Vector | None, deadline: float, then: Vector) -> _Step:
+        incumbent = start
+        best = math.inf if start is None else float(cost @ start)
+        lower, upper = self.lower, self.upper
+        bound = -math.inf
+        relaxed = self._run(cost, lower, upper, False, deadline)
+        if relaxed.kind == "optimal" and relaxed.x is not None:
+            bound = relaxed.value
+            proven = math.ceil(bound - 1e-4 - 1e-9 * abs(bound))  # the objective is integral
+            if incumbent is not None and best <= proven + 1e-9:
+                return _Step(incumbent, StageResult(name, best, best, True), "optimal")
+            rounded = np.round(relaxed.x)
+            if np.all(np.abs(relaxed.x - rounded) <= _INTEGRAL) and float(cost @ rounded) < best:
+                incumbent, best = rounded, float(cost @ rounded)  # the relaxation's own optimum is integral
+                if not then.any():
+                    return _Step(incumbent, StageResult(name, best, best, True), "optimal")
+            # quick, better incumbents, each from a small integer program around a relaxation: over its support
+            # (the columns it leaves at their lower bound stay there); over the columns where the relaxation and
+            # the incumbent disagree, the others fixed at their common value (a neighbourhood that holds the
+            # incumbent); over the union of both relaxations' and the incumbent's supports. They minimise this
+            # stage's objective, then the next one's (scaled so that one unit here outweighs the next objective's
+            # whole range over the column bounds), around a relaxation of that combined objective: the next stage
+            # then starts from a good incumbent.
+            spread = float(np.abs(then) @ (self.upper - self.lower)) + 1.0
+            guided, around = cost, relaxed.x
+            if then.any() and spread * float(np.abs(cost).max(initial=0.0)) < _EXACT:
+                guided = cost * spread + then
+                steered = self._run(guided, lower, upper, False, deadline)
+                if steered.kind == "optimal" and steered.x is not None:
+                    around = steered.x
+            rounded = np.round(around)
+            for neighbourhood in ("support", "disagreement", "union"):
+                if time.perf_counter() >= deadline or (neighbourhood != "support" and incumbent is None):
+                    break
+                around_incumbent = neighbourhood != "support"
+                if neighbourhood == "disagreement":
+                    assert incumbent is not None
+                    agree = np.abs(around - incumbent) <= _INTEGRAL
+                elif neighbourhood == "union":
+                    assert incumbent is not None
+                    agree = (around <= lower + _INTEGRAL) & (relaxed.x <= lower + _INTEGRAL) & (incumbent <= lower)
+                else:
+                    agree = around <= lower + _INTEGRAL
+                left = deadline - time.perf_counter()
+                dive = self._run(guided, np.where(agree, rounded, lower), np.where(agree, rounded, upper), True,
+                                 time.perf_counter() + _DIVE_SHARE * left, incumbent if around_incumbent else None)
+                if dive.x is not None and dive.consistent and (
+                        incumbent is None or (float(cost @ dive.x), float(then @ dive.x))
+                        < (best, float(then @ incumbent))):
+                    incumbent, best = dive.x, float(cost @ dive.x)
+                if incumbent is not None and best <= proven + 1e-9:
+                    return _Step(incumbent, StageResult(name, best, best, True), "optimal")
+            if incumbent is not None and best <= proven + 1e-9:
+                return _Step(incumbent, StageResult(name, best, best, True), "optimal")
+            if incumbent is not None:
+                lower, upper = _fixed(lower, upper, relaxed.duals, bound, best)
+        if time.perf_counter() >= deadline:
+            if incumbent is None:
+                return _Step(None, None, f"time limit reached in the {name} stage")
+            return _Step(incumbent, StageResult(name, best, bound, False), f"{name} stage: Time limit reached")
+        seed = incumbent if incumbent is not None and np.all(incumbent >= lower) and np.all(incumbent <= upper) \
+            else None
+        run = self._run(cost, lower, upper, True, deadline, seed)
+        if seed is not None and not run.consistent:
+            # HiGHS 1.16 with a start solution and presolve can report the better objective it found but hand
+            # back the start's columns; solve the stage again without the start when that happens.
+            run = self._run(cost, lower, upper, True, deadline)
+        if not run.consistent:
+            return _Step(None, None, f"{name} stage: the solver returned an inconsistent solution")
+        fixed = lower is not self.lower
+        if run.kind == "infeasible" and not fixed:
+            return _Step(None, None, f"{name} stage: {run.status}")
+        # On the fixed model, a better solution than the incumbent has every fixed column at its bound: the
+        # stage's bound is the solver's bound there or the incumbent, whichever is smaller.
+        solver_bound = math.inf if run.kind == "infeasible" else run.bound
+        if run.kind == "optimal" and run.x is not None:
+            solver_bound = run.value
+        if fixed:
+            solver_bound = min(solver_bound, best)
+        bound = max(bound, solver_bound)
+        if run.x is not None and run.value <= best:
+            incumbent, best = run.x, run.value
+        if incumbent is None:
+            return _Step(None, None, f"{name} stage: {run.status}")
+        optimal = best - bound < 1.0 - 1e-6
+        text = "optimal" if optimal else f"{name} stage: {run.status}"
+        return _Step(incumbent, StageResult(name, best, best if optimal else bound, optimal), text)
+
+    def _run(self, cost: Vector, lower: Vector, upper: Vector, integer: bool, deadline: float,
+             start: Vector | None = None) -> _Run:
+        """One HiGHS run, the relaxation or the integer program, with these column bounds, stopped at the
+        deadline. Columns whose bounds meet are substituted into the rows first, so HiGHS only sees the columns
+        still to decide (on a fixed model, a small fraction)."""
+        free = lower < upper
+        x = lower.copy()
+        rows = np.repeat(np.arange(len(self.row_lower)), np.diff(self.starts))
+        moving = free[self.index]
+        settled = ~moving
+        activity = np.bincount(rows[settled], weights=self.value[settled] * x[self.index[settled]],
+                               minlength=len(self.row_lower))
+        row_lower, row_upper = self.row_lower - activity, self.row_upper - activity
+        offset = float(cost[~free] @ x[~free])
+        columns = int(free.sum())
+        if columns == 0:  # everything is decided: feasible or not
+            feasible = bool(np.all(row_lower <= 1e-6) and np.all(row_upper >= -1e-6))
+            return _Run("optimal" if feasible else "infeasible", x if feasible else None, offset, offset,
+                        np.zeros(self.columns), "Optimal" if feasible else "Infeasible")
+        remap = np.cumsum(free) - 1
+        index = remap[self.index[moving]].astype(np.int32)
+        starts = np.concatenate([[0], np.cumsum(np.bincount(rows[moving], minlength=len(self.row_lower)))])
         highs = new_highs()
-        highs.setOptionValue("mip_rel_gap", 0.0)
-        highs.setOptionValue("mip_abs_gap", 0.99)
-        highs.setOptionValue("random_seed", 0)
-        highs.setOptionValue("time_limit", seconds)
-        highs.passModel(self._lp(stage.costs, kept))
+        highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
+        if integer:
+            highs.setOptionValue("mip_rel_gap", 0.0)
+            highs.setOptionValue("mip_abs_gap", 0.99)
+            highs.setOptionValue("random_seed", 0)
+        kind = np.full(columns, _INTEGER if integer else _CONTINUOUS, dtype=np.int32)
+        highs.passModel(columns, len(row_lower), len(index), _ROWWISE, _MINIMIZE, offset, cost[free], lower[free],
+                        upper[free], row_lower, row_upper, starts[:-1].astype(np.int32), index,
+                        self.value[moving], kind)
         if start is not None:
             solution = highspy.HighsSolution()
-            solution.col_value = list(start)
+            solution.col_value = start[free].tolist()
             solution.value_valid = True
             highs.setSolution(solution)
         highs.run()
-        return highs
-
-    def _lp(self, costs: dict[int, float],
-            extra: list[tuple[float | None, float | None, list[tuple[int, float]]]]) -> Any:
-        solver = self.solver
-        by_column: list[list[tuple[int, float]]] = [[] for _ in range(solver.columns)]
-        lp = highspy.HighsLp()
-        lower, upper = [], []
-        table = [*solver.rows, *extra]
-        for r, (low, high, entries) in enumerate(table):
-            lower.append(-highspy.kHighsInf if low is None else low)
-            upper.append(highspy.kHighsInf if high is None else high)
-            for column, value in entries:
-                by_column[column].append((r, value))
-        starts: list[int] = [0]
-        rows: list[int] = []
-        coefficients: list[float] = []
-        for entries in by_column:
-            for r, v in entries:
-                rows.append(r)
-                coefficients.append(v)
-            starts.append(len(rows))
-        lp.num_col_ = solver.columns
-        lp.num_row_ = len(table)
-        objective = [0.0] * solver.columns
-        for column, cost in costs.items():
-            objective[column] = cost
-        lp.col_cost_ = objective
-        lp.col_lower_ = solver.lower
-        lp.col_upper_ = solver.upper
-        lp.row_lower_ = lower
-        lp.row_upper_ = upper
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = starts
-        lp.a_matrix_.index_ = rows
-        lp.a_matrix_.value_ = coefficients
-        lp.integrality_ = [highspy.HighsVarType.kInteger] * solver.columns
-        return lp
+        status = highs.getModelStatus()
+        info = highs.getInfo()
+        text = highs.modelStatusToString(status)
+        outcome = {highspy.HighsModelStatus.kOptimal: "optimal",
+                   highspy.HighsModelStatus.kInfeasible: "infeasible"}.get(status, "stopped")
+        if info.primal_solution_status != 2:
+            return _Run(outcome, None, math.inf, float(info.mip_dual_bound) if integer else -math.inf,
+                        np.zeros(self.columns), text)
+        solution = highs.getSolution()
+        values = np.array(solution.col_value, dtype=np.float64)
+        x[free] = np.round(values) if integer else values
+        duals = np.zeros(self.columns)
+        if not integer:
+            duals[free] = solution.col_dual
+        value = float(cost @ x)
+        reported = float(info.objective_function_value)
+        consistent = not integer or abs(value - reported) <= 0.5
+        return _Run(outcome, x, value, float(info.mip_dual_bound) if integer else value, duals, text, consistent)
 
 
-def _consistent(highs: Any, stage: Stage) -> bool:
-    """Whether the columns HiGHS returns have the objective value it reports (no solution counts as consistent)."""
-    info = highs.getInfo()
-    if info.primal_solution_status != 2:
-        return True
-    values = highs.getSolution().col_value
-    value = sum(c * round(values[j]) for j, c in stage.costs.items())
-    return abs(value - info.objective_function_value) <= 0.5
+def _fixed(lower: Vector, upper: Vector, reduced: Vector, bound: float, incumbent: float) -> tuple[Vector, Vector]:
+    """Reduced-cost fixing: moving a column off the bound the relaxation left it at costs at least its reduced cost
+    per unit, so a column whose reduced cost lifts `bound` past `incumbent` - 1 (the objective is integral) stays at
+    that bound in every better solution. A margin keeps solver round-off from fixing a column it should not."""
+    limit = max(incumbent - 1.0 - bound, 0.0) + 1e-4 + 1e-7 * (abs(bound) + abs(incumbent))
+    at_lower = reduced > limit
+    at_upper = -reduced > limit
+    if not at_lower.any() and not at_upper.any():
+        return lower, upper
+    return np.where(at_upper, upper, lower), np.where(at_lower, lower, upper)

@@ -253,6 +253,9 @@ def _start(directory: Path, bins: Path, launcher: _Launcher) -> ControlPlane:
     ])
     launcher.start("kube-scheduler", [
         *delegated, f"--secure-port={ports['kube-scheduler']}", f"--cert-dir={directory / 'pki' / 'scheduler'}",
+        # client-side rate limit (default 50/s): binding a few hundred DRA pods at once (claim status + binding
+        # + event each) should be limited by the scheduler's work, not by its throttle
+        "--kube-api-qps=500", "--kube-api-burst=1000",
     ])
     launcher.start("kwok", [
         f"--kubeconfig={kubeconfig}", f"--config={bins / k8sbuild.KWOK_STAGES}",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +11,16 @@ import pytest
 import yaml
 
 from kubegpu.autoscaler.aws import labels as A
-from tests.autoscaler.aws.moto_env import Account, build_account, clients, moto_server, nodeclass_manifest, reset
+from tests.autoscaler.aws.moto_env import Account, nodeclass_manifest
 from tests.autoscaler.builders import nodepool, pod
 from tests.autoscaler.test_cli import invoke
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
 @pytest.fixture
-def account(server: str, monkeypatch: pytest.MonkeyPatch) -> Account:
-    reset(server)
+def account(account: Account, monkeypatch: pytest.MonkeyPatch) -> Account:
+    """The package's fresh account, with the CLI's instance-type list narrowed to what the tests use."""
     monkeypatch.setenv("KUBEGPU_AWS_INSTANCE_TYPES", "g5.*,g4dn.xlarge,m5.large,m5.xlarge")
-    return build_account(clients())
+    return account
 
 
 def write(tmp_path: Path, account: Account, pools: list[dict[str, Any]], pods: list[dict[str, Any]],

@@ -4,9 +4,6 @@ pending GPU pod provisioned to a real (moto) instance, and orphaned instances ga
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.controller import AwsAutoscaler
@@ -18,26 +15,10 @@ from tests.autoscaler.aws.moto_env import (
     K8S,
     SSM_PREFIX,
     Account,
-    build_account,
-    clients,
-    moto_server,
     nodeclass_manifest,
-    reset,
 )
 from tests.autoscaler.aws.test_provider import GPU_NAME, ON_DEMAND, PATTERNS, gpu_pod
 from tests.autoscaler.builders import nodepool
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def account(server: str) -> Account:
-    reset(server)
-    return build_account(clients())
 
 
 def test_pending_gpu_pod_gets_an_instance_and_orphans_are_collected(account: Account) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,23 +17,11 @@ from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.provisioner import take_snapshot
 from kubegpu.clock import VirtualClock
 from kubegpu.kube import MemoryCluster
-from tests.autoscaler.aws.moto_env import Account, build_account, clients, moto_server, reset
+from tests.autoscaler.aws.moto_env import Account
 from tests.autoscaler.aws.test_provider import GPU_NAME, claims_for, gpu_pod, provider_for
 from tests.autoscaler.builders import nodepool
 
 QUEUE = "kubegpu-interruptions"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def account(server: str) -> Account:
-    reset(server)
-    return build_account(clients())
 
 
 def event(source: str, detail_type: str, detail: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ CreateFleet, insufficient-capacity fallback and cache, termination, garbage coll
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,30 +22,14 @@ from tests.autoscaler.aws.moto_env import (
     K8S,
     SSM_PREFIX,
     Account,
-    build_account,
-    clients,
     default_amis,
-    moto_server,
     nodeclass_manifest,
-    reset,
 )
 from tests.autoscaler.builders import pod, pool
 
 PATTERNS = ("g5.*", "g4dn.xlarge", "p4d.24xlarge", "m5.large", "m5.xlarge", "m5.2xlarge")
 GPU_NAME = {"key": A.INSTANCE_GPU_NAME, "operator": "In", "values": ["a10g"]}
 ON_DEMAND = {"key": A.CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def account(server: str) -> Account:
-    reset(server)
-    return build_account(clients())
 
 
 def provider_for(account: Account, clock: VirtualClock | None = None, **spec: Any) -> AwsProvider:

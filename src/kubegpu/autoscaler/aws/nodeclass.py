@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import validation_message
+from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling.quantity import parse_quantity
 
@@ -28,10 +29,6 @@ RESERVED_TAGS = frozenset({"eks:eks-cluster-name", "karpenter.sh/nodepool", "kar
 MAX_VOLUME_BYTES = 64 * 10**12  # 64T
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
 def _check_tags(tags: dict[str, str], allow_empty_values: bool = False) -> dict[str, str]:
     if len(tags) > 20:
         raise ValueError("at most 20 tags per term")
@@ -43,7 +40,7 @@ def _check_tags(tags: dict[str, str], allow_empty_values: bool = False) -> dict[
     return tags
 
 
-class AMISelectorTerm(_Model):
+class AMISelectorTerm(ApiModel):
     alias: str | None = Field(default=None, max_length=30)
     id: str | None = Field(default=None, pattern=r"^ami-[0-9a-z]+$")
     name: str | None = None
@@ -81,7 +78,7 @@ class AMISelectorTerm(_Model):
         return self
 
 
-class SubnetSelectorTerm(_Model):
+class SubnetSelectorTerm(ApiModel):
     id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-z]+$")
     tags: dict[str, str] | None = None
 
@@ -97,7 +94,7 @@ class SubnetSelectorTerm(_Model):
         return self
 
 
-class SecurityGroupSelectorTerm(_Model):
+class SecurityGroupSelectorTerm(ApiModel):
     id: str | None = Field(default=None, pattern=r"^sg-[0-9a-z]+$")
     name: str | None = None
     tags: dict[str, str] | None = None
@@ -114,7 +111,7 @@ class SecurityGroupSelectorTerm(_Model):
         return self
 
 
-class CapacityReservationSelectorTerm(_Model):
+class CapacityReservationSelectorTerm(ApiModel):
     id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
     ownerID: str | None = Field(default=None, pattern=r"^[0-9]{12}$")
     tags: dict[str, str] | None = None
@@ -135,7 +132,7 @@ class CapacityReservationSelectorTerm(_Model):
         return self
 
 
-class PlacementGroupSelector(_Model):
+class PlacementGroupSelector(ApiModel):
     id: str | None = Field(default=None, pattern=r"^pg-[0-9a-z]+$")
     name: str | None = None
 
@@ -146,7 +143,7 @@ class PlacementGroupSelector(_Model):
         return self
 
 
-class BlockDevice(_Model):
+class BlockDevice(ApiModel):
     deleteOnTermination: bool | None = None
     encrypted: bool | None = None
     iops: int | None = Field(default=None, ge=0)
@@ -177,13 +174,13 @@ class BlockDevice(_Model):
         return self
 
 
-class BlockDeviceMapping(_Model):
+class BlockDeviceMapping(ApiModel):
     deviceName: str | None = None
     ebs: BlockDevice | None = None
     rootVolume: bool = False
 
 
-class MetadataOptions(_Model):
+class MetadataOptions(ApiModel):
     httpEndpoint: Literal["enabled", "disabled"] = "enabled"
     httpProtocolIPv6: Literal["enabled", "disabled"] = "disabled"
     httpPutResponseHopLimit: int = Field(default=1, ge=1, le=64)
@@ -215,7 +212,7 @@ class KubeletConfiguration(BaseModel):
         return self
 
 
-class EC2NodeClassSpec(_Model):
+class EC2NodeClassSpec(ApiModel):
     amiFamily: Literal["AL2", "AL2023", "Bottlerocket", "Custom", "Windows2019", "Windows2022",
                        "Windows2025"] | None = None
     amiSelectorTerms: list[AMISelectorTerm] = Field(min_length=1, max_length=30)
@@ -276,25 +273,25 @@ class EC2NodeClassSpec(_Model):
         return next((t.alias for t in self.amiSelectorTerms if t.alias), None)
 
 
-class SubnetStatus(_Model):
+class SubnetStatus(ApiModel):
     id: str
     zone: str
     zoneID: str | None = None
 
 
-class SecurityGroupStatus(_Model):
+class SecurityGroupStatus(ApiModel):
     id: str
     name: str | None = None
 
 
-class AMIStatus(_Model):
+class AMIStatus(ApiModel):
     id: str
     name: str | None = None
     deprecated: bool = False
     requirements: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class CapacityReservationStatus(_Model):
+class CapacityReservationStatus(ApiModel):
     id: str
     availabilityZone: str
     instanceType: str
@@ -315,7 +312,7 @@ class Condition(BaseModel):
     message: str = ""
 
 
-class EC2NodeClassStatus(_Model):
+class EC2NodeClassStatus(ApiModel):
     subnets: list[SubnetStatus] = Field(default_factory=list)
     securityGroups: list[SecurityGroupStatus] = Field(default_factory=list)
     amis: list[AMIStatus] = Field(default_factory=list)
@@ -324,12 +321,7 @@ class EC2NodeClassStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class ObjectMeta(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-
-
-class EC2NodeClass(_Model):
+class EC2NodeClass(ApiModel):
     model_config = ConfigDict(extra="ignore")
     apiVersion: Literal["kubegpu.io/v1"] = "kubegpu.io/v1"
     kind: Literal["EC2NodeClass"] = "EC2NodeClass"

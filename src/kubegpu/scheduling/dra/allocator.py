@@ -7,6 +7,12 @@ slice name then device order, the next slot resuming after the previous pick; de
 complete solution wins. `firstAvailable` tries its subrequests in order. Per candidate, cheapest check first: in
 use, class and request selectors (cached per expression and device), shared counters, taints, constraints.
 
+Like the scheduler, it first checks every claim of the pod — classes exist, an `All` request sees only complete,
+valid pools (its selectors run on every device there), the claim's fewest devices fit in 32 — and such a failure, or
+an `All` device breaking the claim's constraint during the search, is a `ClaimError` (kube-scheduler's
+SchedulerError: the claim can never be allocated as written), not "no fit". Other selectors run lazily, device by
+device after the in-use check. tests/dra/test_controlplane.py holds all of this against the real kube-scheduler.
+
 Why exhaustive first-fit and not something smarter: the point is to predict what the real scheduler will do with
 our slices, including its quirks (a driver's device order steers the result). A step budget bounds the exponential
 worst case the way the scheduler's Filter timeout does.
@@ -36,6 +42,13 @@ from kubegpu.scheduling.dra.model import (
 
 MAX_DEVICES_PER_CLAIM = 32  # AllocationResultsMaxSize
 DEFAULT_STEP_BUDGET = 200_000
+Candidate = tuple[Device, str]  # a device the selectors accept (""), or the error one of them raised on it
+
+
+class Candidates(list[Candidate]):
+    """A request's candidates in search order; `errors`: whether any carries a selector error."""
+
+    errors: bool = False
 
 
 class ClaimError(KubegpuError):
@@ -70,6 +83,7 @@ class _Search:
     owner: dict[int, str] = field(default_factory=dict)  # id(SubRequest) -> claim key
     steps: int = 0
     deepest: tuple[int, str] = (-1, "")  # the furthest request the search could not satisfy
+    rejected: str = ""  # why the last `_try` refused its device ("" when it took it)
 
 
 class Allocator:
@@ -81,7 +95,7 @@ class Allocator:
         self.pools = gather_pools(slices)
         self.step_budget = step_budget
         self._devices = {d.id: d for pool in self.pools for d in pool.devices}
-        self._candidate_cache: dict[tuple[tuple[int, ...], tuple[str, ...]], list[Device]] = {}
+        self._candidate_cache: dict[tuple[tuple[int, ...], tuple[str, ...]], Candidates] = {}
 
     # --- queries ----------------------------------------------------------------------------------------------------
 
@@ -103,7 +117,11 @@ class Allocator:
         Raises ClaimError for a claim that cannot be allocated anywhere as written.
         """
         used = set(in_use)
-        pools = [p for p in self.pools if p.on_node(node) and not p.invalid]
+        on_node = [p for p in self.pools if p.on_node(node)]
+        # like kube-scheduler, never allocate from a pool that is being updated (incomplete) or is invalid
+        pools = [p for p in on_node if not p.invalid and not p.incomplete]
+        for claim in claims:
+            self._validate(on_node, pools, claim)
         search = _Search(in_use=used, available={(p.driver, p.name): self._available(p, used) for p in pools},
                          owner={id(alt): c.key for c in claims for r in c.requests for alt in r.alternatives})
         steps = [(claim, request) for claim in claims for request in claim.requests]
@@ -117,6 +135,36 @@ class Allocator:
 
     last_failure: str = ""
     """After a failed `allocate`: the furthest request (`<request>` or `<request>/<sub>`) that found no devices."""
+
+    def _validate(self, on_node: list[Pool], pools: list[Pool], claim: Claim) -> None:
+        """What kube-scheduler checks before searching, for every claim of the pod: each class exists, an `All`
+        (sub)request sees only complete, valid pools, and the fewest devices the claim could take (per request the
+        smallest alternative: its count, or for `All` every matching device) fits in one allocation result. Only
+        `All` selectors are evaluated here (a selector failing on any device is then fatal); others run lazily."""
+        least = 0
+        for request in claim.requests:
+            needs = []
+            for sub in request.alternatives:
+                if sub.mode != "All":
+                    self._class(claim, sub)
+                    needs.append(sub.count)
+                    continue
+                for pool in on_node:
+                    if pool.incomplete or pool.invalid:
+                        state = "incomplete" if pool.incomplete else f"invalid ({pool.invalid})"
+                        raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r} asks for All devices "
+                                         f"but pool {pool.driver}/{pool.name} is {state}")
+                candidates = self._candidates(pools, claim, sub)
+                for device, error in candidates:
+                    if error:
+                        raise _selector_error(claim, device, error)
+                needs.append(len(candidates))
+            fewest = min(needs)
+            if least + fewest > MAX_DEVICES_PER_CLAIM:
+                raise ClaimError(f"ResourceClaim {claim.key}: request {request.name!r}: adding {fewest} devices "
+                                 f"exceeds the claim limit of {MAX_DEVICES_PER_CLAIM}, with {least} already "
+                                 "accounted for")
+            least += fewest
 
     def _available(self, pool: Pool, used: set[DeviceId]) -> dict[tuple[str, str], float]:
         available = dict(pool.counters)
@@ -136,10 +184,6 @@ class Allocator:
         for sub in request.alternatives:
             candidates = self._candidates(pools, claim, sub)
             if sub.mode == "All":
-                for pool in pools:
-                    if pool.incomplete and any(d in candidates for d in pool.devices):
-                        raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r} asks for All devices but "
-                                         f"pool {pool.driver}/{pool.name} is incomplete")
                 if candidates and self._take_all(pools, steps, index, claim, sub, candidates, 0, search):
                     return True
             elif self._take_slot(pools, steps, index, claim, sub, candidates, 0, 0, search):
@@ -149,13 +193,20 @@ class Allocator:
         return False
 
     def _take_slot(self, pools: list[Pool], steps: list[tuple[Claim, Request]], index: int, claim: Claim,
-                   sub: SubRequest, candidates: list[Device], slot: int, start: int, search: _Search) -> bool:
+                   sub: SubRequest, candidates: Candidates, slot: int, start: int, search: _Search) -> bool:
         if slot == sub.count:
             return self._search(pools, steps, index + 1, search)
         if _claim_devices(claim, search) + sub.count - slot > MAX_DEVICES_PER_CLAIM:
             return False
-        for position in range(start, len(candidates) - (sub.count - slot) + 1):
-            device = candidates[position]
+        # stop where too few candidates remain for the open slots, unless a selector error further on would still
+        # be reached (and be fatal) in the scheduler's device-by-device walk
+        stop = len(candidates) if candidates.errors else len(candidates) - (sub.count - slot) + 1
+        for position in range(start, stop):
+            device, error = candidates[position]
+            if error:  # the scheduler evaluates selectors only on free devices it reaches, and then fails
+                if device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
+                    continue
+                raise _selector_error(claim, device, error)
             if self._try(device, claim, sub, search):
                 if self._take_slot(pools, steps, index, claim, sub, candidates, slot + 1, position + 1, search):
                     return True
@@ -163,39 +214,42 @@ class Allocator:
         return False
 
     def _take_all(self, pools: list[Pool], steps: list[tuple[Claim, Request]], index: int, claim: Claim,
-                  sub: SubRequest, candidates: list[Device], slot: int, search: _Search) -> bool:
+                  sub: SubRequest, candidates: Candidates, slot: int, search: _Search) -> bool:
         if slot == len(candidates):
             return self._search(pools, steps, index + 1, search)
-        if not self._try(candidates[slot], claim, sub, search):
+        device = candidates[slot][0]  # `_validate` raised for any selector error of an All request
+        if len(candidates) - slot > MAX_DEVICES_PER_CLAIM - _claim_devices(claim, search):
+            return False  # the rest cannot fit in the claim's result: no device is even tried (so no error)
+        if not self._try(device, claim, sub, search):
+            if search.rejected == "constraint":  # the claim's own constraint rules out a device it must take
+                raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r}: cannot add device "
+                                 f"{device.id.pool}/{device.id.device} because a claim constraint would not be "
+                                 "satisfied")
             return False
         if self._take_all(pools, steps, index, claim, sub, candidates, slot + 1, search):
             return True
         self._release(search)
         return False
 
-    def _candidates(self, pools: list[Pool], claim: Claim, sub: SubRequest) -> list[Device]:
-        """Devices of `pools` the class and request selectors accept, in search order (cached: slices are fixed)."""
+    def _class(self, claim: Claim, sub: SubRequest) -> DeviceClass:
         device_class = self.classes.get(sub.class_name)
         if device_class is None:
             raise ClaimError(f"ResourceClaim {claim.key}: request {sub.name!r}: DeviceClass {sub.class_name!r} "
                              "not found")
-        expressions = (*device_class.selectors, *sub.selectors)
+        return device_class
+
+    def _candidates(self, pools: list[Pool], claim: Claim, sub: SubRequest) -> Candidates:
+        """Devices of `pools` the class and request selectors accept, in search order, plus those where a selector
+        fails at run time, with the error (cached: slices are fixed)."""
+        expressions = (*self._class(claim, sub).selectors, *sub.selectors)
         key = (tuple(id(p) for p in pools), expressions)
         cached = self._candidate_cache.get(key)
         if cached is None:
-            cached = [d for pool in pools for d in pool.devices if self._selectable_by(d, expressions, claim)]
+            cached = Candidates((d, error) for pool in pools for d in pool.devices
+                                if (error := _selection(d, expressions)) is not None)
+            cached.errors = any(error for _, error in cached)
             self._candidate_cache[key] = cached
         return cached
-
-    def _selectable_by(self, device: Device, expressions: tuple[str, ...], claim: Claim) -> bool:
-        for expression in expressions:
-            try:
-                if not compile_selector(expression).matches(device.view, device.memo):
-                    return False
-            except KubegpuError as exc:
-                raise ClaimError(f"ResourceClaim {claim.key}: device {device.id.pool}/{device.id.device}: "
-                                 f"{exc}") from None
-        return True
 
     # --- per-device checks ------------------------------------------------------------------------------------------
 
@@ -204,15 +258,20 @@ class Allocator:
         search.steps += 1
         if search.steps > self.step_budget:
             raise ClaimError(f"ResourceClaim {claim.key}: allocation search exceeded {self.step_budget} steps")
+        search.rejected = "in use"
         if device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
             return False
+        search.rejected = "counters"
         if not self._counters_fit(device, search):
             return False
+        search.rejected = "taint"
         for taint in device.taints:
             if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in sub.tolerations):
                 return False
+        search.rejected = "constraint"
         if not _constraints_hold(claim.constraints, device, sub, claim, search):
             return False
+        search.rejected = ""
         self._consume(device, search, 1.0)
         search.picked.append((device, sub))
         search.picked_ids.add(device.id)
@@ -245,6 +304,21 @@ class Allocator:
         for set_name, counters in device.consumes:
             for counter, amount in counters:
                 consumed[(set_name, counter)] = consumed.get((set_name, counter), 0.0) + sign * amount
+
+
+def _selection(device: Device, expressions: tuple[str, ...]) -> str | None:
+    """"" when every selector accepts the device, None when one rejects it, else the run-time error's text."""
+    for expression in expressions:
+        try:
+            if not compile_selector(expression).matches(device.view, device.memo):
+                return None
+        except KubegpuError as exc:
+            return str(exc)
+    return ""
+
+
+def _selector_error(claim: Claim, device: Device, error: str) -> ClaimError:
+    return ClaimError(f"ResourceClaim {claim.key}: device {device.id.pool}/{device.id.device}: {error}")
 
 
 def _claim_devices(claim: Claim, search: _Search) -> int:
