@@ -23,6 +23,20 @@ def test_operators_membership() -> None:
     assert Requirement.of("cpu", "Lte", ["4"]).has("4")
 
 
+
+def test_a_missing_label_fails_positive_requirements_unless_it_is_not_the_checked_labels_business() -> None:
+    assert not Requirement.of("a", "In", ["x"]).admits(None)
+    assert not Requirement.of("a", "Exists").admits(None)
+    assert not Requirement.of("cpu", "Gt", ["4"]).admits(None)
+    assert Requirement.of("a", "NotIn", ["x"]).admits(None)
+    assert Requirement.of("a", "DoesNotExist").admits(None)
+    assert Requirement.of("a", "In", ["x"]).admits(None, absent_fails=False)
+    assert Requirement.of("a", "In", ["x"]).admits("x") and not Requirement.of("a", "In", ["x"]).admits("y")
+    assert not Requirement.of("a", "DoesNotExist").admits("x")
+    labels = {"a": "x"}
+    assert reqs(("a", "In", ["x"]), ("b", "NotIn", ["y"])).satisfied_by(labels)
+    assert not reqs(("a", "In", ["x"]), ("b", "In", ["y"])).satisfied_by(labels)
+
 def test_intersection_and_emptiness() -> None:
     both = Requirement.of("z", "In", ["a", "b"]).intersect(Requirement.of("z", "NotIn", ["a"]))
     assert both.values == frozenset({"b"}) and not both.complement

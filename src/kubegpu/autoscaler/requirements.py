@@ -64,6 +64,16 @@ class Requirement:
         member = value not in self.values if self.complement else value in self.values
         return member and self._in_bounds(value)
 
+    def admits(self, value: str | None, *, absent_fails: bool = True) -> bool:
+        """Whether a label with `value` (None: the node lacks the label) satisfies the requirement.
+
+        `absent_fails` False: a missing label says nothing (a key the labels being checked never carry, such as an
+        offering's zone on an instance type), so only a present value is judged.
+        """
+        if value is None:
+            return not (absent_fails and self.needs_label)
+        return self.has(value)
+
     @property
     def does_not_exist(self) -> bool:
         return not self.complement and not self.values
@@ -177,14 +187,7 @@ class Requirements:
 
     def satisfied_by(self, labels: Mapping[str, str]) -> bool:
         """Whether concrete node labels meet every requirement (used for instance types and nodes)."""
-        for req in self._by_key.values():
-            value = labels.get(req.key)
-            if value is None:
-                if req.needs_label:
-                    return False
-            elif not req.has(value):
-                return False
-        return True
+        return all(req.admits(labels.get(req.key)) for req in self._by_key.values())
 
     def to_api(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -156,14 +156,7 @@ INSTANCE_LABELS = frozenset({
 
 def labels_ok(reqs: Requirements, labels: Mapping[str, str]) -> bool:
     """Whether an instance type's labels meet `reqs`; a label the type lacks fails a positive requirement on it."""
-    for req in reqs:
-        value = labels.get(req.key)
-        if value is None:
-            if req.key in INSTANCE_LABELS and req.needs_label:
-                return False
-        elif not req.has(value):
-            return False
-    return True
+    return all(req.admits(labels.get(req.key), absent_fails=req.key in INSTANCE_LABELS) for req in reqs)
 
 
 def min_values_ok(tmpl: NodeTemplate, reqs: Requirements, cand: np.ndarray) -> bool:

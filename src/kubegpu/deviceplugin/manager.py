@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from kubegpu.deviceplugin.health import HealthPolicy, HealthTracker
 from kubegpu.deviceplugin.preferred import PairScore, link_pair_score, numa_pair_score
 from kubegpu.deviceplugin.server import ResourceServer, ServingState, register, socket_name, unhealthy_ids
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.gpu.backend import responds
 from kubegpu.sharing.cdi import cdi_spec, write_cdi_spec
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
@@ -333,20 +335,13 @@ class DevicePluginManager:
         newly = self.tracker.observe(events, now)
         for index in newly:
             log.warning("GPU %d unhealthy after XID %d", index, self.tracker.last_xid.get(index, 0))
-        recovered = self.tracker.recover(now, self._probe)
+        recovered = self.tracker.recover(now, functools.partial(responds, self.backend))
         for index in recovered:
             log.info("GPU %d healthy again after a quiet period", index)
         if newly or recovered:
             await self._apply(self.listing)
             return True
         return False
-
-    def _probe(self, index: int) -> bool:
-        try:
-            self.backend.sample(index)
-        except KubegpuError:
-            return False
-        return True
 
     # ------------------------------------------------------------------------------------------- loops
 

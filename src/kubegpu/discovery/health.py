@@ -12,11 +12,12 @@ XID and not recovered, `True` (reason `GpusHealthy`) otherwise. Which XIDs count
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kubegpu.errors import KubegpuError
+from kubegpu.gpu.backend import responds
 from kubegpu.gpu.xid import DEFAULT_QUIET_PERIOD_S, HealthPolicy, HealthTracker
 from kubegpu.kube import format_timestamp
 
@@ -101,20 +102,13 @@ class NodeConditionReporter:
         # look back one quiet period on start: a GPU that failed just before a restart is still unhealthy
         self._since = clock.now() - quiet_period_s
 
-    def _probe(self, index: int) -> bool:
-        try:
-            self.backend.sample(index)
-        except KubegpuError:
-            return False
-        return True
-
     def report(self) -> dict[str, Any] | None:
         """One check; returns the condition written, or None when nothing changed."""
         now = self.clock.now()
         events = self.backend.xid_events(self._since)
         if events:
             self._since = max(self._since, *(e.timestamp for e in events))
-        wanted = self.health.update(events, now, self._probe)
+        wanted = self.health.update(events, now, functools.partial(responds, self.backend))
         node = self.cluster.get("Node", self.node_name)
         entry = condition_update((node.get("status") or {}).get("conditions"), wanted, now)
         if entry is not None:

@@ -142,6 +142,16 @@ BACKEND_SPEC_HELP = (
 )
 
 
+def responds(backend: GpuBackend, index: int) -> bool:
+    """Whether GPU `index` answers a query: the probe XID recovery runs after a quiet period (a GPU that fell off the
+    bus, or whose driver lost it, raises instead of sampling), shared by every agent that tracks GPU health."""
+    try:
+        backend.sample(index)
+    except KubegpuError:
+        return False
+    return True
+
+
 def open_backend(spec: str) -> GpuBackend:
     """Open the backend a `--gpu-backend` value names; a bad spec or missing library is one KubegpuError line."""
     kind, sep, rest = spec.strip().partition(":")

@@ -61,29 +61,16 @@ class NodeClassNotReadyError(KubegpuError):
 
 def type_matches(reqs: Requirements, labels: Mapping[str, str]) -> bool:
     """Instance-type labels against requirements; zone and capacity type are the offering's business."""
-    for req in reqs:
-        if req.key in _OFFERING_KEYS:
-            continue
-        value = labels.get(req.key)
-        if value is None:
-            if req.key in _TYPE_KEYS and req.needs_label:
-                return False
-        elif not req.has(value):
-            return False
-    return True
+    return all(req.admits(labels.get(req.key), absent_fails=req.key in _TYPE_KEYS)
+               for req in reqs if req.key not in _OFFERING_KEYS)
 
 
 def offering_matches(reqs: Requirements, offering: AwsOffering) -> bool:
     labels = offering.labels()
     for key in _OFFERING_KEYS:
         req = reqs.get(key)
-        if req is None:
-            continue
-        value = labels.get(A.CAPACITY_TYPE_LABEL if key == L.CAPACITY_TYPE_LABEL else key)
-        if value is None:
-            if req.needs_label:
-                return False
-        elif not req.has(value):
+        label = A.CAPACITY_TYPE_LABEL if key == L.CAPACITY_TYPE_LABEL else key
+        if req is not None and not req.admits(labels.get(label)):
             return False
     return True
 
