@@ -10,8 +10,11 @@ against the exact planner's optimum for the same demand, and how long NodePrepar
     loses;
   * NodePrepareResources p50/p99 through the real gRPC socket on the simulated backend, for whole-GPU claims (no
     GPU change), dynamic-MIG claims (instance created at prepare), and both on GPUs whose MIG mode has to switch,
-    with the driver's state on tmpfs (its own cost) and on disk (every durable write's fsyncs included); the
-    issue's target, p99 < 5 ms without the MIG creation delay, is checked on the first two.
+    with the driver's state on tmpfs (its own cost) and on disk (every durable write's fsyncs included). Each call
+    is reported whole and without the GPU's own work (the backend's MIG mode switch, reset and instance creation,
+    timed inside the driver's process: on hardware that is the MIG creation delay, hundreds of milliseconds; here
+    the simulated GPU's locked read and durable write of its node file); the issue's target, p99 < 5 ms without
+    the MIG creation delay, is checked on the latter.
 
 Run: python benchmarks/dra_allocate.py [--quick] [--seed N] [--prepare-only]
 """
@@ -110,20 +113,62 @@ def _latency_plan(rounds: int) -> tuple[list[tuple[str, str]], list[tuple[str, s
     return held, measured
 
 
-async def prepare_latency(rounds: int, base: str | None) -> dict[str, list[float]]:
-    """NodePrepareResources wall time per kind (LATENCY_KINDS), each claim unprepared before the next; 12 other
-    claims stay prepared throughout, so the checkpoint holds a node's worth of records.
+class TimedGpu(SimulatedBackend):
+    """The simulated backend, timing what stands for the GPU's own work at prepare: MIG mode switches, resets and
+    instance creation (`gpu_seconds`, summed since the driver's last prepare began)."""
+
+    gpu_seconds = 0.0
+
+    def _timed(self, call: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.gpu_seconds += time.perf_counter() - started
+
+    def set_mig_mode(self, index: int, enabled: bool) -> bool:
+        return bool(self._timed(super().set_mig_mode, index, enabled))
+
+    def reset_gpu(self, index: int) -> None:
+        self._timed(super().reset_gpu, index)
+
+    def create_mig_device(self, index: int, profile_id: int, start: int) -> Any:
+        return self._timed(super().create_mig_device, index, profile_id, start)
+
+
+class TimedDriver(DraDriver):
+    """The driver, noting per claim how long its prepare spent in `TimedGpu`'s GPU work."""
+
+    gpu_time: dict[str, float]
+
+    def prepare(self, refs: Any) -> Any:
+        assert isinstance(self.backend, TimedGpu)
+        self.backend.gpu_seconds = 0.0
+        try:
+            return super().prepare(refs)
+        finally:
+            self.gpu_time[refs[0].uid] = self.backend.gpu_seconds
+
+
+async def prepare_latency(rounds: int, state_base: str, volatile_base: str) -> dict[str, list[tuple[float, float]]]:
+    """NodePrepareResources per kind (LATENCY_KINDS): (wall time, of which the GPU's own work) per call, each
+    claim unprepared before the next; 12 other claims stay prepared throughout, so the checkpoint holds a node's
+    worth of records. The driver's state (checkpoint, MPS limits) goes under `state_base`, as
+    /var/lib/kubelet/plugins does on a node; its CDI specs and the simulated GPU under `volatile_base`, as /var/run/cdi
+    (tmpfs) and the GPU itself.
 
     The kubelet is a process of its own, as on a node: its gRPC client and timing loop do not share the driver's
     interpreter (and GIL), so what is measured is the driver's answer plus the socket round trip."""
     held, measured = _latency_plan(rounds)
-    with tempfile.TemporaryDirectory(prefix="drab", dir=base) as tmp:
-        root = Path(tmp)
-        SimulatedBackend.create(root / "node.json", gpus=f"8x{MODEL}", node_name="node-a")
+    with (tempfile.TemporaryDirectory(prefix="drab", dir=state_base) as state,
+          tempfile.TemporaryDirectory(prefix="drab", dir=volatile_base) as volatile):
+        root, run = Path(state), Path(volatile)
+        SimulatedBackend.create(run / "node.json", gpus=f"8x{MODEL}", node_name="node-a")
         claims = {("bench", name): _claim(name, device) for name, device in held}
         claims.update({("bench", name): _claim(name, device) for _, name, device in measured})
-        driver = DraDriver(SimulatedBackend(root / "node.json"), "node-a", root / "plugin", root / "cdi",
-                           lambda ns, name: claims.get((ns, name)), dynamic_mig=True)
+        driver = TimedDriver(TimedGpu(run / "node.json"), "node-a", root / "plugin", run / "cdi",
+                             lambda ns, name: claims.get((ns, name)), dynamic_mig=True)
+        driver.gpu_time = {}
         server = DraPluginServer(driver, root / "plugin", root / "registry")
         await server.start()
         try:
@@ -135,16 +180,18 @@ async def prepare_latency(rounds: int, base: str | None) -> dict[str, list[float
                 raise RuntimeError(f"the kubelet process failed (exit {kubelet.returncode})")
         finally:
             await server.stop()
-    times: dict[str, list[float]] = json.loads(output)
+    times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in LATENCY_KINDS}
+    for kind, name, seconds in json.loads(output):
+        times[kind].append((seconds, driver.gpu_time[name]))
     return times
 
 
-async def kubelet_process(registry: Path, rounds: int) -> dict[str, list[float]]:
+async def kubelet_process(registry: Path, rounds: int) -> list[tuple[str, str, float]]:
     """The kubelet's side of `prepare_latency`: register (asynchronously, as the fake kubelet of the tests does),
     then prepare the held claims and time each measured one over a blocking channel: the real kubelet is Go, and
     an asyncio client's own event-loop overhead would be charged to the driver."""
     held, measured = _latency_plan(rounds)
-    out: dict[str, list[float]] = {kind: [] for kind in LATENCY_KINDS}
+    out: list[tuple[str, str, float]] = []  # (kind, claim, seconds) per measured call
     kubelet = FakeDraKubelet(registry)
     await kubelet.register()
     await kubelet.close()
@@ -166,7 +213,7 @@ async def kubelet_process(registry: Path, rounds: int) -> dict[str, list[float]]
             elapsed = time.perf_counter() - started
             assert response.claims[name].error == "", response.claims[name].error
             if index >= 2 * len(LATENCY_KINDS) or kind in ("whole GPU", "dynamic MIG"):  # GPUs 6-7 start whole
-                out[kind].append(elapsed)
+                out.append((kind, name, elapsed))
             call("unprepare", name)
     return out
 
@@ -216,18 +263,25 @@ def main() -> None:
         print(f"  exact planner optimum for the same demand: {optimum}/{claims} "
               f"({'proven' if optimal else 'best found'}, {exact_s:.2f} s); DRA first-fit reaches "
               f"{allocated / max(optimum, 1):.3f} of it")
-    # state on tmpfs shows the driver's own cost; on disk, each checkpoint/CDI write (and the sim node file's, which
-    # stands in for the GPU) adds its fsyncs. The issue's target (p99 < 5 ms without the MIG creation delay) is for
-    # the rows that change no MIG mode; a mode switch means a GPU reset on real hardware, seconds, not milliseconds.
-    places = [("tmpfs", "/dev/shm")] if Path("/dev/shm").is_dir() else []
+    # everything on tmpfs shows the driver's own cost; the node layout puts its checkpoint on disk, where each save
+    # adds its fsyncs. The issue's target is p99 < 5 ms without the MIG creation delay: the GPU's own work
+    # (TimedGpu) taken out of each call; the whole call is printed too.
+    disk = tempfile.gettempdir()
+    volatile = "/dev/shm" if Path("/dev/shm").is_dir() else disk
     print(f"NodePrepareResources over gRPC on the simulated backend ({rounds} rounds; load {_load()}):")
-    for where, base in [*places, ("disk", tempfile.gettempdir())]:
-        latency = asyncio.run(prepare_latency(rounds, base))
-        for kind, values in latency.items():
-            p99 = _pct(values, 0.99)
-            verdict = ("" if "mode" in kind else "  [target p99 < 5 ms: " + ("met" if p99 < 5 else "NOT met") + "]")
-            print(f"  {kind} ({where}): p50 {_pct(values, 0.5):.2f} ms, p99 {p99:.2f} ms, "
-                  f"mean {statistics.mean(values) * 1000:.2f} ms ({len(values)} calls; {LATENCY_KINDS[kind]}){verdict}")
+    for where, state_base in (("all on tmpfs", volatile), ("node layout: checkpoint on disk, CDI on tmpfs", disk)):
+        latency = asyncio.run(prepare_latency(rounds, state_base, volatile))
+        print(f"  {where}:")
+        for kind, calls in latency.items():
+            whole = [seconds for seconds, _ in calls]
+            driver_only = [seconds - gpu for seconds, gpu in calls]
+            p99 = _pct(driver_only, 0.99)
+            print(f"    {kind} ({len(calls)} calls; {LATENCY_KINDS[kind]}):\n"
+                  f"      whole call p50 {_pct(whole, 0.5):.2f} ms, p99 {_pct(whole, 0.99):.2f} ms, mean "
+                  f"{statistics.mean(whole) * 1000:.2f} ms; GPU's own work p50 "
+                  f"{_pct([gpu for _, gpu in calls], 0.5):.2f} ms\n"
+                  f"      without it: p50 {_pct(driver_only, 0.5):.2f} ms, p99 {p99:.2f} ms"
+                  f"  [target p99 < 5 ms: {'met' if p99 < 5 else 'NOT met'}]")
 
 
 if __name__ == "__main__":

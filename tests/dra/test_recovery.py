@@ -5,6 +5,8 @@ claims never recorded swept at start, and a checkpoint whose incremental encodin
 from __future__ import annotations
 
 import json
+import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -15,7 +17,7 @@ import pytest
 
 from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedDevice, _encode
 from kubegpu.dra.driver import ClaimRef
-from kubegpu.files import loads_checked
+from kubegpu.files import loads_checked, write_durable
 from kubegpu.gpu.simulated import SimulatedBackend
 from tests.dra.test_driver import Env, allocated
 
@@ -127,3 +129,42 @@ def test_an_instance_that_appeared_since_the_refresh_is_used_as_found(env: Env) 
     assert driver.checkpoint.claims[ref.uid].planned_mig == [] and driver.checkpoint.claims[ref.uid].created_mig == []
     assert driver.unprepare([ref]) == {ref.uid: ""}
     assert [m.uuid for m in backend.mig_devices(0)] == [orphan.uuid]  # not ours to destroy
+
+
+def test_a_reboot_empties_the_checkpoint_and_claims_are_prepared_again(env: Env) -> None:
+    driver = env.driver()
+    whole = ClaimRef(*env.add(allocated("whole", [("gpu", "gpu-1")])))
+    mig = ClaimRef(*env.add(allocated("mig", [("m", "gpu-0-mig-1g5gb-19-0")])))
+    assert {uid: r.error for uid, r in driver.prepare([whole, mig]).items()} == {whole.uid: "", mig.uid: ""}
+    before = env.backend.mig_devices(0)[0].uuid
+    env.backend.reboot()  # the instance is gone, and so would be /var/run/cdi
+    restarted = env.driver()
+    assert restarted.checkpoint.claims == {} and env.cdi_files() == []  # nothing answered from the earlier boot
+    again = restarted.prepare([whole, mig])
+    assert {uid: r.error for uid, r in again.items()} == {whole.uid: "", mig.uid: ""}
+    made = env.backend.mig_devices(0)
+    assert [(m.profile_id, m.start) for m in made] == [(19, 0)] and made[0].uuid != before
+    assert len(env.cdi_files()) == 2
+    # the checkpoint now names this boot: a plain restart answers from it again
+    assert set(env.driver().checkpoint.claims) == {whole.uid, mig.uid}
+    assert env.backend.mig_devices(0) == made
+
+
+def test_checkpoint_saves_sync_the_file_not_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One journal commit per save on the pod-start path: the file's data (never torn), not the rename, which a power
+    cut makes moot (the next boot drops the checkpoint); other durable writes still sync both."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append("directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    checkpoint = Checkpoint(tmp_path / "checkpoint.json")
+    checkpoint.claims["uid-1"] = ClaimRecord("ml", "c1", state=COMPLETED)
+    checkpoint.save("uid-1")
+    assert synced == ["file"]
+    synced.clear()
+    write_durable(tmp_path / "other.json", "{}")
+    assert synced == ["file", "directory"]

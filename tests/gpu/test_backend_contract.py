@@ -182,3 +182,8 @@ def test_sample_is_sane(world: World) -> None:
     assert reading.temperature_c > 0
     assert reading.mem_clock_mhz > 0
     assert reading.energy_mj >= 0
+
+
+def test_boot_id_names_the_current_boot(world: World) -> None:
+    boot = world.backend.boot_id()
+    assert boot and boot == world.backend.boot_id()  # stable within a boot (the DRA checkpoint compares it)

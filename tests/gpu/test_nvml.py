@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kubegpu.clock import VirtualClock
@@ -140,3 +142,12 @@ def test_a_driver_without_minor_numbers_falls_back_to_the_index() -> None:
     fake.nvmlDeviceGetMinorNumber = unsupported  # type: ignore[method-assign]
     devices = _backend(fake).devices()
     assert [(d.minor_number, d.device_minor) for d in devices] == [(None, 0), (None, 1)]
+
+
+def test_boot_id_is_the_kernels_and_empty_when_unreadable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    backend = _backend(FakeNvml())
+    (tmp_path / "boot_id").write_text("0d9a2c5e-8f1b-4c3a-9e77-1234567890ab\n")
+    monkeypatch.setattr("kubegpu.gpu.nvml.BOOT_ID_FILE", str(tmp_path / "boot_id"))
+    assert backend.boot_id() == "0d9a2c5e-8f1b-4c3a-9e77-1234567890ab"
+    monkeypatch.setattr("kubegpu.gpu.nvml.BOOT_ID_FILE", str(tmp_path / "missing"))
+    assert backend.boot_id() == ""  # unknown: the DRA driver then keeps its checkpoint as it is

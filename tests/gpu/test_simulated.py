@@ -52,10 +52,26 @@ def test_reboot_applies_pending_modes_and_drops_mig_devices() -> None:
     backend.add_process(1, 7, 100)
     with pytest.raises(GpuBackendError, match="in use by process"):
         backend.reset_gpu(1)
+    boot = backend.boot_id()
     backend.reboot()
     assert [d.mig_enabled for d in backend.devices()] == [True, True]
     assert backend.mig_devices(0) == []
     assert backend.processes(1) == []
+    assert backend.boot_id() != boot  # what was recorded in the earlier boot is known to be stale
+
+
+def test_boot_count_is_checked_and_optional(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    SimulatedBackend.create(path, gpus="1xL4").reboot()
+    state = json.loads(path.read_text())
+    assert state["boots"] == 1
+    del state["sha256"], state["boots"]  # a hand-written file from before the field: first boot
+    path.write_text(json.dumps(state))
+    assert SimulatedBackend(path).boot_id().endswith("/boot-0")
+    state["boots"] = "two"
+    path.write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"boots: must be an integer, got \"two\""):
+        SimulatedBackend(path).boot_id()
 
 
 def test_pending_disable_can_be_cancelled() -> None:

@@ -8,6 +8,11 @@ CDI spec (a spec a crash left without a record is swept at start: its name comes
 restart, a completed claim is answered from here (idempotent prepare), and a started one is rolled back — its
 instances destroyed, its daemon stopped, its spec removed — so the kubelet's retry starts clean and nothing leaks.
 
+Everything a record describes is gone after a node reboot (MIG instances, daemons, specs under /var/run/cdi), so the
+checkpoint names the boot it was written in (`boot_id`); the driver drops the records of an earlier boot. That also
+makes the rename's own durability moot — a power cut means a new boot — so a save fsyncs the file (never torn) but
+not its directory, one journal commit instead of two on the kubelet's pod-start path.
+
 Each record's canonical JSON is kept between saves and re-encoded only when the driver names it as changed, so a
 save costs one claim's encoding plus a checksum, not the whole node's claims.
 """
@@ -53,7 +58,9 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.claims: dict[str, ClaimRecord] = {}
+        self.boot_id = ""  # the node boot the records belong to; "" in a checkpoint written before it was recorded
         self._encoded: dict[str, str] = {}  # uid → canonical JSON of its record as last saved
+        self._dir_made = False
         if path.exists():
             self._load()
 
@@ -64,6 +71,7 @@ class Checkpoint:
             raise KubegpuError(f"DRA checkpoint {self.path} is corrupt ({exc}); move it away to start empty") from exc
         if not isinstance(data, dict):
             raise KubegpuError(f"DRA checkpoint {self.path}: expected an object")
+        self.boot_id = str(data.get("boot_id", ""))
         for uid, raw in data.get("claims", {}).items():
             devices = [PreparedDevice(**d) for d in raw.get("devices", [])]
             self.claims[uid] = ClaimRecord(namespace=raw["namespace"], name=raw["name"], state=raw["state"],
@@ -89,10 +97,14 @@ class Checkpoint:
         for uid, record in self.claims.items():
             if uid not in self._encoded:
                 self._encoded[uid] = _encode(record)
-        # exactly json.dumps({"claims": ...}, sort_keys=True, separators=(",", ":")), which the checksum covers
-        body = '{"claims":{' + ",".join(f"{json.dumps(uid)}:{self._encoded[uid]}" for uid in sorted(self._encoded))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_durable(self.path, dumps_checked_body(KIND, VERSION, body + "}}"))
+        # exactly json.dumps({"boot_id": ..., "claims": ...}, sort_keys=True, separators=(",", ":")), which the
+        # checksum covers
+        body = (f'{{"boot_id":{json.dumps(self.boot_id)},"claims":{{'
+                + ",".join(f"{json.dumps(uid)}:{self._encoded[uid]}" for uid in sorted(self._encoded)))
+        if not self._dir_made:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._dir_made = True
+        write_durable(self.path, dumps_checked_body(KIND, VERSION, body + "}}"), sync_directory=False)
 
 
 def _encode(record: ClaimRecord) -> str:

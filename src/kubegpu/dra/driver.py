@@ -7,9 +7,10 @@ changes the node — instances to create, an MPS control daemon to start — rec
 (one durable write); then create the instances at exactly their placements, start the claim's daemon with its
 limits, write the claim's CDI spec and record `PrepareCompleted`. Any failure rolls back that claim's partial work
 and is reported for that claim only. Unprepare stops the daemon, destroys what prepare created and removes the spec;
-an unknown claim is already unprepared. At start, claims a crash left half-prepared are rolled back from their
-intents, and CDI specs and MPS limit files of claims never recorded are swept. Calls are serialized (one lock):
-prepare is fast, and GPU reconfiguration must not interleave.
+an unknown claim is already unprepared. At start, a checkpoint from an earlier boot of the node is emptied (nothing
+it describes survived the reboot; the kubelet prepares its claims again), claims a crash left half-prepared are
+rolled back from their intents, and CDI specs and MPS limit files of claims never recorded are swept. Calls are
+serialized (one lock): prepare is fast, and GPU reconfiguration must not interleave.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class DraDriver:
         self._mig_mode: set[int] = {gpu.index for gpu in backend.devices() if gpu.mig_enabled}
         self._placements: dict[str, Placement] = {}
         with self._lock:
+            self._forget_earlier_boot()
             self._recover()
             self.refresh()
 
@@ -324,6 +326,22 @@ class DraDriver:
 
     def _live(self, gpu_index: int) -> list[MigDevice]:
         return self.backend.mig_devices(gpu_index) if self._mig_enabled(gpu_index) else []
+
+    def _forget_earlier_boot(self) -> None:
+        """Drop the records of an earlier boot: their MIG instances, daemons and (tmpfs) CDI specs are gone, and
+        answering a prepare from them would hand out devices that no longer exist. What is left of them on disk
+        (specs under a persistent CDI root, MPS limit files) is swept by `_recover` as unrecorded."""
+        boot = self.backend.boot_id()
+        checkpoint = self.checkpoint
+        if not boot or boot == checkpoint.boot_id:
+            return
+        if checkpoint.boot_id and checkpoint.claims:
+            log.warning("DRA checkpoint %s is from an earlier boot of the node: forgetting its %d prepared claim(s),"
+                        " whose devices did not survive the reboot", checkpoint.path, len(checkpoint.claims))
+            checkpoint.claims.clear()
+        checkpoint.boot_id = boot
+        if checkpoint.path.exists():
+            checkpoint.save()
 
     def _recover(self) -> None:
         for uid, record in list(self.checkpoint.claims.items()):

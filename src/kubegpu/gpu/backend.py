@@ -134,6 +134,11 @@ class GpuBackend(Protocol):
         """XID events with timestamp > since."""
         ...
 
+    def boot_id(self) -> str:
+        """Names the node's current boot; a new one after a reboot, which no MIG instance, GPU process or tmpfs
+        file survives. "" when unknown."""
+        ...
+
     def close(self) -> None: ...
 
 

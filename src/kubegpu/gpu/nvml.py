@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from kubegpu.clock import Clock, RealClock
@@ -34,6 +35,7 @@ from kubegpu.gpu.catalog import find_model
 MIB = 1024 * 1024
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 MAX_PLACEMENTS = 16
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"  # the kernel's random ID of this boot
 # Full compute instance for a GI of N SM slices: the NVML CI profile enum with that many slices.
 _CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 # GI profile enums to probe; unsupported ones fail with NOT_SUPPORTED / INVALID_ARGUMENT and are skipped.
@@ -373,6 +375,12 @@ class NvmlBackend:
         self._events.extend(new)
         del self._events[:-1000]
         return new
+
+    def boot_id(self) -> str:
+        try:
+            return Path(BOOT_ID_FILE).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return ""
 
     def close(self) -> None:
         nvml = self._nvml

@@ -7,6 +7,7 @@ cannot overflow the arithmetic later.
 State file (JSON, `"kind": "kubegpu-sim-node"`, `"version": 1`)::
 
     {"sha256", "kind", "version", "node_name", "driver_version", "cuda_driver_version": [12, 4], "generation",
+     "boots" (reboots so far; optional, 0 when absent),
      "gpus": [{"index", "model", "uuid", "pci_bus_id", "numa_node", "minor_number", "mig_enabled",
                "mig_pending_enabled", "mig_serial",
                "mig_devices": [{"gi_id", "ci_id", "profile_id", "start", "uuid", "load"}],
@@ -108,6 +109,7 @@ _MAYBE_INT = (int, type(None))
 # hand-edited or truncated file is one line naming the field rather than a KeyError deep inside a command.
 _TOP_FIELDS: FieldTypes = {"node_name": str, "driver_version": str, "cuda_driver_version": list, "generation": int,
                            "xid_events": list}
+_OPTIONAL_TOP_FIELDS: FieldTypes = {"boots": int}  # absent in files written before it existed
 _GPU_FIELDS: FieldTypes = {"model": str, "uuid": str, "pci_bus_id": str, "numa_node": int, "mig_enabled": bool,
                            "mig_pending_enabled": (bool, type(None)), "mig_serial": int, "mig_devices": list,
                            "processes": list, "load": dict}
@@ -169,7 +171,7 @@ def check_state(state: object, source: str) -> State:
         raise ConfigError(f"{source}: gpus: must be a list")
     if len(gpus) > MAX_GPUS_PER_NODE:
         raise ConfigError(f"{source}: gpus: at most {MAX_GPUS_PER_NODE} GPUs per node, got {len(gpus)}")
-    for name, kind in _TOP_FIELDS.items():
+    for name, kind in (*_TOP_FIELDS.items(), *((n, k) for n, k in _OPTIONAL_TOP_FIELDS.items() if n in state)):
         if not _has_type(state.get(name), kind):
             raise ConfigError(f"{source}: {name}: must be {_type_name(kind)}, got {json.dumps(state.get(name))}")
         _check_bounded(state.get(name), source, name)

@@ -97,7 +97,9 @@ def reset_gpu(state: State, index: int, now: float) -> None:
 
 
 def reboot(state: State, now: float) -> None:
-    """Every GPU comes back clean: pending modes applied, no MIG devices (they do not persist), no processes."""
+    """Every GPU comes back clean: pending modes applied, no MIG devices (they do not persist), no processes; the
+    node's boot count goes up (its `boot_id` changes, as /proc's does on a real node)."""
+    state["boots"] = state.get("boots", 0) + 1
     for gpu in state["gpus"]:
         gpu["processes"] = []
         _power_cycle(gpu, now)
@@ -435,6 +437,10 @@ class SimulatedBackend:
     def reboot(self) -> None:
         with self._state(write=True) as state:
             reboot(state, self._clock.now())
+
+    def boot_id(self) -> str:
+        with self._state() as state:
+            return f"{state['node_name']}/boot-{state.get('boots', 0)}"
 
     def mig_devices(self, index: int) -> list[MigDevice]:
         with self._state() as state:
