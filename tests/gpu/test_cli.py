@@ -211,3 +211,19 @@ def test_bad_gpu_gi_and_pid_are_one_line(tmp_path: Path) -> None:
         assert result.exit_code == 1, (args, result.output)
         _one_error_line(result.output, words)
     assert node.read_text() == text  # nothing refused was written
+
+
+def test_reboot_clears_instances_and_processes_and_changes_the_boot(tmp_path: Path) -> None:
+    node = tmp_path / "node.json"
+    backend = SimulatedBackend.create(node, gpus="1xH100-SXM5-80GB", node_name="gpu-a")
+    backend.set_mig_mode(0, True)
+    made = backend.create_mig_device(0, 19, 0)
+    backend.add_process(0, 7, 100, gi_id=made.gi_id)
+    boot = backend.boot_id()
+    result = runner.invoke(_app(), ["sim-node", "reboot", str(node)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"node gpu-a rebooted (boot {backend.boot_id()})\n" and backend.boot_id() != boot
+    assert backend.mig_devices(0) == [] and backend.processes(0) == []
+    assert backend.devices()[0].mig_enabled  # the mode itself persists
+    missing = runner.invoke(_app(), ["sim-node", "reboot", str(tmp_path / "none.json")])
+    assert missing.exit_code != 0 and isinstance(missing.exception, KubegpuError)

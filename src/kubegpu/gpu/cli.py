@@ -102,6 +102,15 @@ def remove_process(
     typer.echo(f"process {pid} on GPU {gpu} ended")
 
 
+@sim_node.command("reboot")
+def reboot(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
+    """Reboot the node: pending MIG modes take effect, MIG devices and processes are gone, and the boot ID changes
+    (a DRA driver started afterwards forgets the claims it had prepared; the kubelet prepares them again)."""
+    backend = SimulatedBackend(node_file)
+    backend.reboot()
+    typer.echo(f"node {backend.node_name} rebooted (boot {backend.boot_id()})")
+
+
 @sim_node.command("show")
 def show(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
     """Print the node: GPUs with their load, MIG devices with their placements, recent XID events."""
