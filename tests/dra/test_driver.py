@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,3 +306,35 @@ def test_an_instance_prepared_for_one_claim_is_not_given_to_another(env: Env) ->
     assert driver.prepare([ClaimRef(*first)])[first[1]].error == ""
     assert "already prepared for another claim" in driver.prepare([ClaimRef(*stale)])[stale[1]].error
     assert len(env.backend.mig_devices(0)) == 1  # the failed claim's rollback left the other claim's instance alone
+
+
+async def test_a_slow_prepare_blocks_neither_registration_nor_other_calls(env: Env) -> None:
+    """Prepare runs in the DRA server's worker threads: a claim whose preparation hangs (a slow API server, a GPU
+    mode switch) holds the driver, not the process — the kubelet can still re-register and send more calls, which
+    are answered as soon as the driver is free."""
+    release = threading.Event()
+    slow = env.add(allocated("slow", [("gpu", "gpu-1")]))
+    fast = env.add(allocated("fast", [("m", "gpu-0-mig-1g5gb-19-0")]))
+    driver = DraDriver(SimulatedBackend(env.root / "node.json"), "node-a", env.root / "plugins" / "gpu.nvidia.com",
+                       env.root / "cdi", lambda ns, name: (release.wait(10), env.claims.get((ns, name)))[1],
+                       dynamic_mig=True)
+    server = DraPluginServer(driver, env.root / "plugins" / "gpu.nvidia.com", env.root / "registry")
+    await server.start()
+    kubelet = FakeDraKubelet(env.root / "registry")
+    try:
+        assert await kubelet.register()
+        first = asyncio.create_task(kubelet.prepare(slow))
+        second = asyncio.create_task(kubelet.prepare(fast))
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()  # the slow claim holds the driver
+        again = FakeDraKubelet(env.root / "registry")
+        assert await asyncio.wait_for(again.register(), 2)  # the registration service still answers
+        await again.close()
+        release.set()
+        responses = await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert [r.claims[c[1]].error for r, c in zip(responses, (slow, fast), strict=True)] == ["", ""]
+        assert [m.start for m in env.backend.mig_devices(0)] == [0]
+    finally:
+        release.set()
+        await kubelet.close()
+        await server.stop()
