@@ -3,9 +3,10 @@
 `SimulatedProvider` "buys" a node by creating a Node object through the cluster interface: registered later,
 tainted `kubegpu.io/unregistered:NoExecute`, with no GPU resources in allocatable — as a real kubelet zeroes
 extended resources until the device plugin registers. Each node's GPUs are a `SimulatedBackend` in memory with the
-NodePool's MIG config applied; after the registration delay `tick()` marks the node Ready and publishes the device
-plugin's `allocatable` for those GPUs. That is the path a real GPU node takes, so the NodeClaim lifecycle sees the
-same sequence (Launched → Registered → Initialized only once `nvidia.com/*` is allocatable).
+NodePool's MIG config applied; after the registration delay `tick()` marks the node Ready, and publishes the device
+plugin's `allocatable` for those GPUs once the node is registered too (see `tick`). That is the path a real GPU node
+takes, so the NodeClaim lifecycle sees the same sequence (Launched → Registered → Initialized only once
+`nvidia.com/*` is allocatable).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class _Instance:
     backend: GpuBackend | None
     sharing_labels: dict[str, str]
     sharing_annotations: dict[str, str]
-    registered: bool = False
+    ready: bool = False       # the kubelet has reported Ready
+    published: bool = False   # the device plugin has published the GPUs (the node was registered)
 
 
 class InstanceListing:
@@ -181,27 +183,35 @@ class SimulatedProvider(InstanceListing):
         return result
 
     def tick(self) -> None:
-        """Register nodes whose delay has passed: kubelet Ready, device plugin's GPU resources allocatable."""
+        """Once the registration delay has passed, the kubelet reports Ready; the device plugin publishes the GPUs
+        only once the node is registered as well (no `kubegpu.io/unregistered` taint), as on a real node, where the
+        plugin's DaemonSet pod cannot run before. `tick` runs before the pass that registers, so the GPUs appear a
+        pass after the NoExecute taint goes, never in the same instant: were lifting it the last thing a GPU pod
+        waited for, kube-scheduler would bind the pod at once, and kube-controller-manager's taint-eviction
+        controller, whose Node informer can lag its Pod informer, could delete the pod as if the taint were still
+        there (kubernetes#119862)."""
         now = self.clock.now()
         for inst in self.instances.values():
-            if inst.registered or now < inst.created + self.registration_delay:
+            if inst.published or now < inst.created + self.registration_delay:
                 continue
             try:
                 node = self.cluster.get("Node", inst.node_name)
             except KubegpuError:
                 continue
-            allocatable = dict((node.get("status") or {}).get("allocatable") or {})
-            capacity = dict((node.get("status") or {}).get("capacity") or {})
-            if inst.backend is not None:
+            status: dict[str, Any] = {}
+            if not inst.ready:
+                status.update({"phase": "Running",
+                               "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
+            registered = not any(t.get("key") == L.UNREGISTERED_TAINT["key"]
+                                 for t in (node.get("spec") or {}).get("taints") or [])
+            if registered and inst.backend is not None:
                 sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
                 gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
-                allocatable.update(gpu)
-                capacity.update(gpu)
-            self.cluster.patch("Node", inst.node_name, {"status": {
-                "allocatable": allocatable, "capacity": capacity, "phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}},
-                subresource="status")
-            inst.registered = True
+                status["allocatable"] = {**((node.get("status") or {}).get("allocatable") or {}), **gpu}
+                status["capacity"] = {**((node.get("status") or {}).get("capacity") or {}), **gpu}
+            if status:
+                self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
+            inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
         provider_id = (nodeclaim.get("status") or {}).get("providerID")
