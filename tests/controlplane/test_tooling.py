@@ -174,6 +174,31 @@ def test_down_stops_only_what_it_started(tmp_path: Path) -> None:
         stranger.wait()
 
 
+def test_down_waits_out_an_exec_still_under_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Popen returns once the close-on-exec pipe closes, a moment before the kernel maps the new program's command
+    # line: /proc then shows an empty one, which must not pass for a stranger's process
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    ours = subprocess.Popen([sleep, "60"], start_new_session=True)
+    real_read_bytes = Path.read_bytes
+    mid_exec_reads = [2]
+
+    def read_bytes(path: Path) -> bytes:
+        if path == Path(f"/proc/{ours.pid}/cmdline") and mid_exec_reads[0]:
+            mid_exec_reads[0] -= 1
+            return b""
+        return real_read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    try:
+        (tmp_path / "pids").write_text(f"{ours.pid} etcd {sleep}\n")
+        assert controlplane.down(tmp_path) == ["etcd"]
+        assert ours.wait(5) is not None and mid_exec_reads == [0]
+    finally:
+        ours.kill()
+        ours.wait()
+
+
 def test_script_usage_errors_exit_2_and_bad_input_exits_1(tmp_path: Path) -> None:
     script = ROOT / "scripts" / "control-plane.sh"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}

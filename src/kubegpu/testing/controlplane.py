@@ -50,6 +50,7 @@ EXTRA_GATES = ("DynamicResourceAllocation",)
 READY_TIMEOUT_S = 90.0
 NODES_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+EXEC_GRACE_S = 0.1  # how long an empty command line is taken for an exec still under way (`_is_ours`)
 DEFAULT_GPUS = "8xA100-SXM4-80GB"
 
 
@@ -338,12 +339,21 @@ def _read_pids(directory: Path) -> list[tuple[int, str, str]]:
 
 
 def _is_ours(pid: int, binary: str) -> bool:
-    """The pid is alive and still runs the binary we started (not a recycled pid, not a zombie)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
+    """The pid is alive and still runs the binary we started (not a recycled pid, not a zombie).
+
+    A process caught in the middle of its exec has no command line yet: the kernel closes the close-on-exec pipe
+    that lets `Popen` return before it maps the new program's arguments. So an empty one is read again for a
+    moment rather than taken for a stranger, which would leave a process just started running after `down`."""
+    deadline = time.monotonic() + EXEC_GRACE_S
+    while True:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if argv != [b""] or state == "Z" or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
     # argv[0] for a binary; argv[1] when the kernel ran it through a `#!` interpreter
     return binary.encode() in argv[:2] and state != "Z"
 
