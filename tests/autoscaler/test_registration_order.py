@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.state import has_taint
 from kubegpu.kube.cluster import WatchEvent
 from kubegpu.scheduling import parse_quantity
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
@@ -25,7 +26,7 @@ TYPES = [instance_type("a100.x1", 8, 64, 4.0, gpus=1, model=A100)]
 
 
 def _unregistered(node: dict[str, Any]) -> bool:
-    return any(t.get("key") == L.UNREGISTERED_TAINT["key"] for t in (node.get("spec") or {}).get("taints") or [])
+    return has_taint(node, L.UNREGISTERED_TAINT)
 
 
 def _gpus(node: dict[str, Any]) -> float:

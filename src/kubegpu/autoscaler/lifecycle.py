@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import parse_duration
 from kubegpu.autoscaler.provider import InsufficientCapacityError, NodeClaimNotFoundError
-from kubegpu.autoscaler.state import condition, created_at, is_true, name_of, with_condition
+from kubegpu.autoscaler.state import condition, created_at, is_true, name_of, same_taint, with_condition
 from kubegpu.errors import KubegpuError
 from kubegpu.scheduling import parse_quantity
 
@@ -39,10 +39,6 @@ REPAIR_MAX_UNHEALTHY = 0.2
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 
 
-def _same_taint(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
-
-
 def initialization_blocker(claim: dict[str, Any], node: dict[str, Any]) -> str | None:
     """Why the node is not Initialized yet (Karpenter's reasons), or None when it is."""
     ready = condition(node, "Ready")
@@ -50,7 +46,7 @@ def initialization_blocker(claim: dict[str, Any], node: dict[str, Any]) -> str |
         return "NodeNotReady"
     taints = (node.get("spec") or {}).get("taints") or []
     startup = (claim.get("spec") or {}).get("startupTaints") or []
-    if any(_same_taint(t, s) for t in taints for s in startup):
+    if any(same_taint(t, s) for t in taints for s in startup):
         return "StartupTaintsExist"
     if any(t.get("key") in EPHEMERAL_TAINTS for t in taints):
         return "KnownEphemeralTaintsExist"
@@ -183,10 +179,10 @@ class Lifecycle:
     def _register(self, claim: dict[str, Any], node: dict[str, Any]) -> None:
         spec = claim.get("spec") or {}
         node_meta, node_spec = node.get("metadata") or {}, node.get("spec") or {}
-        taints = [t for t in node_spec.get("taints") or [] if not _same_taint(t, L.UNREGISTERED_TAINT)]
+        taints = [t for t in node_spec.get("taints") or [] if not same_taint(t, L.UNREGISTERED_TAINT)]
         if (node_meta.get("labels") or {}).get("kubegpu.io/do-not-sync-taints") != "true":
             for taint in [*(spec.get("taints") or []), *(spec.get("startupTaints") or [])]:
-                if not any(_same_taint(taint, t) for t in taints):
+                if not any(same_taint(taint, t) for t in taints):
                     taints.append(dict(taint))
         labels = {**(node_meta.get("labels") or {}), **((claim.get("metadata") or {}).get("labels") or {}),
                   L.REGISTERED_LABEL: "true", L.NODECLAIM_LABEL: name_of(claim)}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.requirements import Requirements
+from kubegpu.autoscaler.state import has_taint
 from kubegpu.clock import Clock
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.scheduling.quantity import format_quantity
@@ -202,8 +203,7 @@ class SimulatedProvider(InstanceListing):
             if not inst.ready:
                 status.update({"phase": "Running",
                                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
-            registered = not any(t.get("key") == L.UNREGISTERED_TAINT["key"]
-                                 for t in (node.get("spec") or {}).get("taints") or [])
+            registered = not has_taint(node, L.UNREGISTERED_TAINT)
             if registered and inst.backend is not None:
                 sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
                 gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}

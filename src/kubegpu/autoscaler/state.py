@@ -50,6 +50,15 @@ def with_condition(conditions: Iterable[Mapping[str, Any]], kind: str, status: s
     return out
 
 
+def same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Taints are one taint when key and effect agree (the value does not make another one, as in the API)."""
+    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
+
+
+def has_taint(node: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    return any(same_taint(t, taint) for t in (node.get("spec") or {}).get("taints") or [])
+
+
 def name_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
