@@ -95,3 +95,34 @@ def test_the_mps_daemon_adds_no_deploy_label_of_its_own() -> None:
     change = node_label_change(policy({}), {"nvidia.com/gpu.present": "true"})
     assert "nvidia.com/gpu.deploy.device-plugin" in change.set
     assert not any("mps" in key for key in change.set)
+
+
+def test_a_simulated_gpu_backend_reaches_every_node_agent() -> None:
+    """`gpuBackend: sim:PATH` (a cluster without GPUs): each `--gpu-backend` says so, and PATH's directory (node
+    file, lock, stand-in devices) is mounted at the same path wherever it is read."""
+    spec = {"gpuBackend": "sim:/var/lib/kubegpu-sim/node.json", "partitioner": {"enabled": True},
+            "draDriver": {"enabled": True}, **CONFIGURED}
+    checked = 0
+    for name, obj in workloads(spec).items():
+        pod = obj["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            backend = [a for a in container.get("args", []) if a.startswith("--gpu-backend")]
+            if not backend:
+                continue
+            assert backend == ["--gpu-backend=sim:/var/lib/kubegpu-sim/node.json"], (name, container["name"])
+            assert {"name": "gpu-sim", "mountPath": "/var/lib/kubegpu-sim"} in container["volumeMounts"]
+            assert volumes["gpu-sim"]["hostPath"] == {"path": "/var/lib/kubegpu-sim", "type": "Directory"}
+            checked += 1
+    assert checked == 11  # device plugin, MPS daemon, exporter, GFD, MIG manager, partition agent, DRA + 4 validations
+    assert not any("gpu-sim" in str(o) for n, o in workloads({}).items())
+
+
+def test_a_bad_gpu_backend_is_refused_naming_the_field() -> None:
+    import pytest
+
+    from kubegpu.errors import ConfigError
+
+    for bad in ("cuda", "sim:relative.json", "sim:/no/json/suffix"):
+        with pytest.raises(ConfigError, match="spec.gpuBackend"):
+            policy({"gpuBackend": bad})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -107,15 +108,18 @@ def _validator_inits(policy: ClusterPolicy, image: str, pull: str) -> list[dict[
     for component in VALIDATIONS:
         env = [_node_name_env(), *_env([*spec.env, *getattr(spec, component).env]),
                {"name": "MIG_STRATEGY", "value": policy.spec.mig.strategy}]
-        args = ["--gpu-backend=nvml", f"--output-dir={VALIDATIONS_DIR}"]
+        args = _backend([NVML_BACKEND, f"--output-dir={VALIDATIONS_DIR}"], policy)
         if component == "driver":
             args.append("--wait")
+        mounts = [{"name": "run-nvidia-validations", "mountPath": VALIDATIONS_DIR,
+                   "mountPropagation": "Bidirectional"}]
+        sim = _sim_volume(policy)
+        if sim:
+            mounts.append(sim[1])
         inits.append({
             "name": f"{component}-validation", "image": image, "imagePullPolicy": pull,
             "command": ["kubegpu", "validate", component], "args": args, "env": env,
-            "securityContext": {"privileged": True, "runAsUser": 0},
-            "volumeMounts": [{"name": "run-nvidia-validations", "mountPath": VALIDATIONS_DIR,
-                              "mountPropagation": "Bidirectional"}],
+            "securityContext": {"privileged": True, "runAsUser": 0}, "volumeMounts": mounts,
         })
     return inits
 
@@ -148,8 +152,26 @@ def _config_manager(policy: ClusterPolicy, op: Operand, image: str, pull: str, o
     }
 
 
+NVML_BACKEND = "--gpu-backend=nvml"
+
+
+def _backend(args: Sequence[str], policy: ClusterPolicy) -> list[str]:
+    """The components' `--gpu-backend=nvml` as the policy's `gpuBackend` says (nvml, or a simulated node)."""
+    return [f"--gpu-backend={policy.spec.gpuBackend}" if a == NVML_BACKEND else a for a in args]
+
+
+def _sim_volume(policy: ClusterPolicy) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """With `gpuBackend: sim:PATH`, PATH's directory (the node file, its lock and its stand-in device nodes) at
+    the same path in every container that reads the simulated node: the paths in its CDI specs stay host paths."""
+    if not policy.spec.gpuBackend.startswith("sim:"):
+        return None
+    directory = str(PurePosixPath(policy.spec.gpuBackend.removeprefix("sim:")).parent)
+    return ({"name": "gpu-sim", "hostPath": {"path": directory, "type": "Directory"}},
+            {"name": "gpu-sim", "mountPath": directory})
+
+
 def _container_args(policy: ClusterPolicy, op: Operand) -> list[str]:
-    args = list(op.args)
+    args = _backend(op.args, policy)
     spec = policy.spec
     if op.component in ("device-plugin", "gpu-feature-discovery"):
         args.append(f"--mig-strategy={spec.mig.strategy}")
@@ -229,6 +251,11 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
                                         _mps_volumes(policy) if op.component == "mps-control-daemon" else ([], [])):
         volumes += extra_volumes
         mounts += extra_mounts
+    sim = _sim_volume(policy)
+    if sim and (NVML_BACKEND in op.args or op.component == "operator-validator"):
+        volumes.append(sim[0])
+        if NVML_BACKEND in op.args:
+            mounts.append(sim[1])
     if mounts:
         container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"serviceAccountName": op.name, "containers": [container]}
