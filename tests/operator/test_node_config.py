@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from kubegpu.errors import ConfigError
 from kubegpu.operator.components import STATES
 from kubegpu.operator.nodelabels import node_label_change
 from kubegpu.operator.policy import parse_policy
@@ -119,10 +122,6 @@ def test_a_simulated_gpu_backend_reaches_every_node_agent() -> None:
 
 
 def test_a_bad_gpu_backend_is_refused_naming_the_field() -> None:
-    import pytest
-
-    from kubegpu.errors import ConfigError
-
     for bad in ("cuda", "sim:relative.json", "sim:/no/json/suffix"):
-        with pytest.raises(ConfigError, match="spec.gpuBackend"):
+        with pytest.raises(ConfigError, match=r"spec\.gpuBackend"):
             policy({"gpuBackend": bad})
