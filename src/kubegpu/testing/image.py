@@ -41,6 +41,8 @@ INPUTS_LABEL = "kubegpu.io/build-inputs"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_PACKAGES = ("buildah", "debootstrap")  # what `scripts/build-image.sh` installs with apt-get
 KEEP_ARCHIVES = 2
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian's path, in the base as on the host
+PIP_CONF = "/etc/pip.conf"
 BUILD_TIMEOUT_S = 1800
 
 
@@ -134,6 +136,18 @@ def base_image(mirror: str | None = None) -> str:
     return image
 
 
+def _host_trust() -> list[str]:
+    """This host's CA bundle and pip config, mounted into the build's RUN steps only (buildah `-v`: never part of
+    the image), so pip reaches PyPI through a TLS-intercepting proxy the host trusts."""
+    bundle = Path(os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or HOST_CA_BUNDLE)
+    args = []
+    if bundle.is_file():
+        args += ["-v", f"{bundle.resolve()}:{HOST_CA_BUNDLE}:ro"]
+    if Path(PIP_CONF).is_file():
+        args += ["-v", f"{PIP_CONF}:{PIP_CONF}:ro"]
+    return args
+
+
 def _context_files(root: Path) -> list[Path]:
     """What the Dockerfile's context holds after .dockerignore (its allow-list), plus the Dockerfile itself."""
     files = [root / name for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")]
@@ -160,8 +174,8 @@ def build(root: Path | None = None, ref: str = IMAGE_REF, force: bool = False) -
     if archive.is_file() and not force:
         return Built(ref, archive, inputs, time.monotonic() - started, cached=True)
     _run(["buildah", "bud", "--isolation", "chroot", "--pull=never", "--build-arg", f"BASE_IMAGE={BASE_REF}",
-          "--label", f"{INPUTS_LABEL}={inputs}", "-t", ref, "-f", str(root / "Dockerfile"), str(root)],
-         f"buildah bud {root / 'Dockerfile'}")
+          *_host_trust(), "--label", f"{INPUTS_LABEL}={inputs}", "-t", ref, "-f", str(root / "Dockerfile"),
+          str(root)], f"buildah bud {root / 'Dockerfile'}")
     partial = archive.with_name(archive.name + ".partial")
     partial.unlink(missing_ok=True)
     _run(["buildah", "push", ref, f"docker-archive:{partial}:{ref}"], f"buildah push {ref} to a docker-archive")
