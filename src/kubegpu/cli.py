@@ -30,6 +30,7 @@ COMPONENT_CLIS = (
     "kubegpu.validate.cli",
     "kubegpu.dra.cli",
     "kubegpu.quota.cli",
+    "kubegpu.guard.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -72,6 +73,7 @@ COMMAND_COMPONENTS = {
     "dra": "kubegpu.dra.cli",
     "dra-driver": "kubegpu.dra.cli",
     "quota": "kubegpu.quota.cli",
+    "gpu-guard": "kubegpu.guard.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
 needs them all."""

@@ -228,6 +228,7 @@ class ClusterPolicySpec(ApiModel):
     partitioner: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     autoscaler: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     draDriver: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    gpuGuard: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
 
 
 State = Literal["ready", "notReady", "ignored"]
