@@ -29,6 +29,7 @@ COMPONENT_CLIS = (
     "kubegpu.operator.cli",
     "kubegpu.validate.cli",
     "kubegpu.dra.cli",
+    "kubegpu.quota.cli",
     "kubegpu.guard.cli",
 )
 
@@ -71,6 +72,7 @@ COMMAND_COMPONENTS = {
     "validate": "kubegpu.validate.cli",
     "dra": "kubegpu.dra.cli",
     "dra-driver": "kubegpu.dra.cli",
+    "quota": "kubegpu.quota.cli",
     "gpu-guard": "kubegpu.guard.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
