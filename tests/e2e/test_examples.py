@@ -25,7 +25,7 @@ VALIDATED = {
     "scenario-small.yaml": "scenario",
 }
 PLAN_STATE = EXAMPLES / "plan-state.yaml"  # no validator kind: checked by running `kubegpu plan` on it
-REAL_NODE_PODS = EXAMPLES / "real-node-pods.yaml"  # Kubernetes objects: run on the real node, tests/node/test_examples.py
+REAL_NODE_PODS = EXAMPLES / "real-node-pods.yaml"  # Kubernetes objects: run on the real node (tests/node)
 
 
 def test_every_example_is_accounted_for() -> None:
