@@ -220,7 +220,7 @@ def autoscaler_command(
             raise ConfigError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
         metrics_address = f":{metrics_port}" if metrics_port else ""
     if metrics_address:
-        from kubegpu.httpserver import parse_listen_address
+        from kubegpu.endpoints import parse_listen_address
 
         parse_listen_address(metrics_address, "--metrics-address")
     from kubegpu.autoscaler.aws.cli import check_provider
