@@ -20,7 +20,7 @@ def test_helm_is_pinned_in_its_tools_module(tmp_path: Path) -> None:
     assert helmbuild.binary().parts[-4:] == ("helm", version, "bin", "helm")
     bad = tmp_path / "go.mod"
     bad.write_text("module x\n")
-    with pytest.raises(KubegpuError, match="no `require helm.sh/helm/v4 vX.Y.Z` line"):
+    with pytest.raises(KubegpuError, match=r"no `require helm\.sh/helm/v4 vX\.Y\.Z` line"):
         helmbuild.read_version(bad)
 
 
