@@ -127,6 +127,7 @@ def release(real_node: NodeSession) -> Iterator[Release]:
     assert real_node.node.bins is not None
     image.load(built, real_node.node.paths.containerd_socket, real_node.node.bins / "ctr")
     timings["image load"] = time.monotonic() - began
+    mounts = chart.share_mounts()  # no systemd here: `/` is private, the barrier directory's propagation needs shared
     cluster = real_node.cluster
     for obj in chart.api_access_policy(real_node.real.server):
         cluster.create(obj)
@@ -168,6 +169,8 @@ def release(real_node: NodeSession) -> Iterator[Release]:
             client.delete(Namespace, NAMESPACE)
         cluster.patch("Node", NODE, {"metadata": {"labels": {"nvidia.com/gpu.present": None, CONFIG_LABEL: None}}})
         shutil.rmtree(sim_dir, ignore_errors=True)
+        problems = chart.unshare_mounts(mounts)
+        assert not problems, problems
         timings["module total"] = time.monotonic() - started
         print("\nchart tier timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
 

@@ -156,3 +156,44 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+SHARED_MOUNTS = ("/run/nvidia/validations",)
+"""Host paths the operands mount with propagation (the GPU Operator's barrier directory: Bidirectional for the
+validator, HostToContainer for the waits). The runtime refuses propagation from a private mount, and without systemd
+this machine's `/` is private, so the fixture makes each a shared bind mount of itself for the test's lifetime."""
+
+
+@dataclass
+class SharedMount:
+    path: Path
+    created: list[Path]  # directories this made (removed again)
+
+
+def share_mounts(paths: Sequence[str] = SHARED_MOUNTS) -> list[SharedMount]:
+    made = []
+    for raw in paths:
+        path = Path(raw)
+        created = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        for args in (["mount", "--bind", str(path), str(path)], ["mount", "--make-shared", str(path)]):
+            result = subprocess.run(args, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise KubegpuError(f"{' '.join(args)}: {result.stderr.strip() or result.returncode}")
+        made.append(SharedMount(path, created))
+    return made
+
+
+def unshare_mounts(mounts: Sequence[SharedMount]) -> list[str]:
+    """Undo `share_mounts`; returns what could not be undone (one line each)."""
+    problems = []
+    for mount in mounts:
+        result = subprocess.run(["umount", str(mount.path)], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            problems.append(f"umount {mount.path}: {result.stderr.strip()}")
+        for directory in sorted(mount.created, key=lambda p: len(p.parts), reverse=True):
+            try:
+                directory.rmdir()
+            except OSError as exc:
+                problems.append(f"rmdir {directory}: {exc.strerror}")
+    return problems
