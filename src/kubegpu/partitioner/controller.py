@@ -35,7 +35,7 @@ from kubegpu.partitioner.planner import (
     is_partition_resource,
     plan,
 )
-from kubegpu.partitioner.state import optimality_line
+from kubegpu.partitioner.snapshot import optimality_line
 from kubegpu.scheduling import is_finished, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")

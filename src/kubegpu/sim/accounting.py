@@ -19,7 +19,9 @@ from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
 from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
-from kubegpu.sim.state import (
+from kubegpu.sim.strategies import GpuRequest
+from kubegpu.sim.workload import Job
+from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
     _OOM,
@@ -33,8 +35,6 @@ from kubegpu.sim.state import (
     _partition_key,
     _unique,
 )
-from kubegpu.sim.strategies import GpuRequest
-from kubegpu.sim.workload import Job
 
 
 class Accounting(SimCore):
