@@ -29,6 +29,8 @@ COMPONENT_CLIS = (
     "kubegpu.operator.cli",
     "kubegpu.validate.cli",
     "kubegpu.dra.cli",
+    "kubegpu.quota.cli",
+    "kubegpu.guard.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -70,6 +72,8 @@ COMMAND_COMPONENTS = {
     "validate": "kubegpu.validate.cli",
     "dra": "kubegpu.dra.cli",
     "dra-driver": "kubegpu.dra.cli",
+    "quota": "kubegpu.quota.cli",
+    "gpu-guard": "kubegpu.guard.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
 needs them all."""

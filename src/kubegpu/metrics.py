@@ -199,6 +199,45 @@ def readiness_registry(node: str, source: Callable[[], NodeReadiness]) -> Collec
     return registry
 
 
+# ---------------------------------------------------------------------------------------------- gpu-guard
+
+
+class GuardMetrics:
+    """The GPU-memory guard's view (`kubegpu_gpu_guard_*`): each pod's share and use on each shared GPU, what it did
+    and why, what it could not attribute, and MPS clients running without their limit. Per-pod series are replaced
+    every round (a pod that left has none), so the gauges always show the last reading, never a stale pod."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        pod_labels = ["namespace", "pod", "gpu", "gpu_instance"]
+        self.share_bytes = Gauge("kubegpu_gpu_guard_pod_share_bytes",
+                                 "GPU memory a pod may use on a shared GPU: its sharing config's share, or its "
+                                 "kubegpu.io/gpu-memory-limit annotation where smaller.", pod_labels, registry=r)
+        self.used_bytes = Gauge("kubegpu_gpu_guard_pod_used_bytes",
+                                "GPU memory the pod's processes hold on that GPU.", pod_labels, registry=r)
+        self.actions = Counter("kubegpu_gpu_guard_actions",
+                               "Guard actions taken, by kind (evict, kill-process, warn) and reason (over-share, "
+                               "reserve-exhausted).", ["action", "reason"], registry=r)
+        self.unattributed_processes = Gauge("kubegpu_gpu_guard_unattributed_processes",
+                                            "GPU processes no pod holding the GPU could be found for (never acted "
+                                            "on).", ["gpu", "gpu_instance"], registry=r)
+        self.unattributed_bytes = Gauge("kubegpu_gpu_guard_unattributed_bytes",
+                                        "GPU memory those processes hold.", ["gpu", "gpu_instance"], registry=r)
+        self.mps_limit_missing = Gauge("kubegpu_gpu_guard_mps_limit_missing",
+                                       "1 for an MPS client process running without the pinned-memory limit its "
+                                       "pod's slice should give it (a misconfiguration, not a leak).",
+                                       ["namespace", "pod", "gpu", "pid"], registry=r)
+        self.rounds = Counter("kubegpu_gpu_guard_rounds", "Sampling rounds, by result (ok, failed).", ["result"],
+                              registry=r)
+
+    def reset_readings(self) -> None:
+        """Forget the last round's per-pod and per-GPU series before writing this round's."""
+        for gauge in (self.share_bytes, self.used_bytes, self.unattributed_processes, self.unattributed_bytes,
+                      self.mps_limit_missing):
+            gauge.clear()
+
+
 # ---------------------------------------------------------------------------------------------- serving
 
 def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:

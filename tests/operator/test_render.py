@@ -73,7 +73,7 @@ def test_generated_crd_is_structural_valid_and_on_disk() -> None:
 def test_every_block_has_the_common_fields() -> None:
     schema = model_schema(ClusterPolicySpec)["properties"]
     for name in ("operator", "driver", "toolkit", "devicePlugin", "migManager", "gfd", "dcgmExporter", "validator",
-                 "nodeStatusExporter", "partitioner", "autoscaler", "draDriver"):
+                 "nodeStatusExporter", "partitioner", "autoscaler", "draDriver", "gpuGuard"):
         assert {"enabled", "image", "version", "imagePullPolicy", "env", "resources", "tolerations",
                 "args"} <= set(schema[name]["properties"]), name
 
@@ -104,7 +104,8 @@ def test_default_policy_renders_the_container_stack_in_state_order() -> None:
     assert set(workloads) == {"kubegpu-driver", "kubegpu-container-toolkit", "kubegpu-operator-validator",
                               "kubegpu-device-plugin", "kubegpu-dcgm-exporter", "kubegpu-gpu-feature-discovery",
                               "kubegpu-mig-manager"}
-    for state in ("state-partitioner", "state-autoscaler", "state-dra-driver", "state-node-status-exporter"):
+    for state in ("state-partitioner", "state-autoscaler", "state-dra-driver", "state-node-status-exporter",
+                  "state-gpu-guard"):
         assert by_state[state] == []
     # within a state: ServiceAccount before RBAC before the workload
     kinds = [o["kind"] for o in by_state["state-device-plugin"]]
@@ -255,7 +256,7 @@ def test_every_kubegpu_command_line_rendered_is_accepted_by_our_cli() -> None:
             result = runner.invoke(app, [*command[1:], *container.get("args", []), "--help"])
             assert result.exit_code == 0, (obj["metadata"]["name"], container["name"], result.stderr)
             checked += 1
-    assert checked == 14
+    assert checked == 15
     helm_args = ["operator", "--namespace=kubegpu", "--skip-crds", "--help"]  # what the chart's Deployment passes
     assert runner.invoke(app, helm_args).exit_code == 0
 
@@ -267,3 +268,20 @@ def test_validate_config_knows_cluster_policies(tmp_path: Path) -> None:
     bad.write_text("apiVersion: kubegpu.io/v1\nkind: ClusterPolicy\nmetadata: {name: x}\nspec: {gfd: {enabled: 3}}\n")
     result = runner.invoke(app, ["validate-config", str(bad)])
     assert result.exit_code == 1 and "spec.gfd.enabled" in result.stderr
+
+
+def test_the_gpu_guard_is_off_by_default_and_on_per_policy_field() -> None:
+    assert not any(o["metadata"]["name"] == "kubegpu-gpu-guard" for o in objects_of(policy()))
+    on = parse_policy({"apiVersion": "kubegpu.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"},
+                       "spec": {"gpuGuard": {"enabled": True, "args": ["--action=kill-process"]}}})
+    guard = next(o for o in objects_of(on) if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "kubegpu-gpu-guard")
+    pod = guard["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    container = pod["containers"][0]
+    assert container["command"] == ["kubegpu", "gpu-guard"]
+    assert "--proc-root=/host/proc" in container["args"] and container["args"][-1] == "--action=kill-process"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/host/proc", "/var/lib/kubelet/pod-resources"} <= mounts
+    rules = next(o for o in objects_of(on)
+                 if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kubegpu-gpu-guard")
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules["rules"]

@@ -310,3 +310,33 @@ def test_cpu_and_pod_count_limit_what_a_recut_can_place(mig_node: Callable[..., 
     assert len(result.assignments) == 1  # GPU room for all three, cpu for one
     assert result.nodes["n"].gpus[0].created == 1  # and only the instance that pod needs is created
     assert plan_violations([node], pods, result) == []
+
+
+def test_planner_objects_own_their_caches_and_agree_with_one_shot_plans(
+        mig_node: Callable[..., NodeInput], make_pod: Callable[..., dict[str, Any]]) -> None:
+    """What a planner remembers between plans is its own (issue 27): a second Planner starts empty, a planner that
+    re-plans reuses what it computed, and the plan is the same as a fresh one-shot plan's."""
+    import ast
+    import inspect
+
+    from kubegpu.partitioner import planner as package
+    from kubegpu.partitioner.planner import Planner
+
+    node = mig_node("n1", [(A100, [("1g.10gb", s, s < 2) for s in range(7)])] * 2)
+    pods = [make_pod(f"p{k}", {"nvidia.com/mig-3g.40gb": 1}) for k in range(2)]
+    first, second = Planner(), Planner()
+    result = first.plan([node], pods)
+    assert first.layouts._options and not second.layouts._options  # nothing shared between two planners
+    remembered = dict(first.layouts._options)
+    again = first.plan([node], pods)
+    assert first.layouts._options == remembered  # the second plan reused every class's options
+    one_shot = plan([node], pods)
+    for other in (again, one_shot):
+        assert other.assignments == result.assignments and other.nodes == result.nodes
+    for module in (package, package.model, package.pods, package.gpus, package.greedy, package.layouts,
+                   package.exact, package.solver, package.disagg):
+        tree = ast.parse(inspect.getsource(module))
+        assert not any(isinstance(n, ast.Global) for n in ast.walk(tree)), module.__name__
+        memoised = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) for d in n.decorator_list
+                    if ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] in ("lru_cache", "cache")]
+        assert not memoised, f"{module.__name__}: process-wide memo on {memoised}"

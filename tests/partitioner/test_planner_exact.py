@@ -19,8 +19,8 @@ from kubegpu.kube import MemoryCluster
 from kubegpu.partitioner import annotations as ann
 from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.partitioner.planner import NodeInput, plan, plan_violations
-from kubegpu.partitioner.planner_disagg import plan_objective
-from kubegpu.partitioner.planner_greedy import prepare
+from kubegpu.partitioner.planner.disagg import plan_objective
+from kubegpu.partitioner.planner.greedy import prepare
 
 MakePod = Callable[..., dict[str, Any]]
 MigNode = Callable[..., NodeInput]

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, plan, plan_violations
-from kubegpu.partitioner.planner_disagg import plan_objective
-from kubegpu.partitioner.planner_greedy import prepare
+from kubegpu.partitioner.planner.disagg import plan_objective
+from kubegpu.partitioner.planner.greedy import prepare
 
 MIG_MODELS = ["A100-SXM4-80GB", "H100-SXM5-80GB", "A30-24GB", "B200-180GB"]
 MPS_SIZES = [5, 10, 20, 40]

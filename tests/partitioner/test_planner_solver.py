@@ -1,4 +1,4 @@
-"""The lexicographic HiGHS driver (`planner_solver`) and the batched layout options (`planner_layouts`) against
+"""The lexicographic HiGHS driver (`planner.solver`) and the batched layout options (`planner.layouts`) against
 brute force, and the exact planner's time budget.
 
 The driver proves stages with the linear relaxation, finds incumbents in small neighbourhoods of it and fixes
@@ -18,12 +18,12 @@ import pytest
 
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
-from kubegpu.partitioner import planner_exact
 from kubegpu.partitioner.planner import NodeInput, plan, plan_violations
-from kubegpu.partitioner.planner_disagg import plan_objective
-from kubegpu.partitioner.planner_greedy import prepare
-from kubegpu.partitioner.planner_layouts import mig_options_many, universe
-from kubegpu.partitioner.planner_solver import Lexicographic, Solver, Stage
+from kubegpu.partitioner.planner import exact as planner_exact
+from kubegpu.partitioner.planner.disagg import plan_objective
+from kubegpu.partitioner.planner.greedy import prepare
+from kubegpu.partitioner.planner.layouts import LayoutCache
+from kubegpu.partitioner.planner.solver import Lexicographic, Solver, Stage
 
 MakePod = Callable[..., dict[str, Any]]
 MigNode = Callable[..., NodeInput]
@@ -119,10 +119,10 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
         deadlines.append(deadline)
         return original(self, cost, lower, upper, integer, deadline, start)
 
-    def solve_spy(problem: Any, time_limit: float, started: float | None = None) -> Any:
+    def solve_spy(problem: Any, time_limit: float, started: float | None = None, *args: Any) -> Any:
         assert started is not None  # the budget is counted from the plan call, parsing included
         starts.append(started)
-        return original_solve(problem, time_limit, started)
+        return original_solve(problem, time_limit, started, *args)
 
     monkeypatch.setattr(Lexicographic, "_run", spy)
     monkeypatch.setattr(planner_exact, "exact_solve", solve_spy)
@@ -142,7 +142,7 @@ def reference_options(model_key: str, used: tuple[PlacedInstance, ...], free: tu
                       wanted: frozenset[int]) -> list[tuple[Any, ...]]:
     """One class's options the slow way: every enumerated layout, one by one."""
     model = get_model(model_key)
-    world = universe(model, any(p.media_extensions for p in model.mig_profiles if p.profile_id in wanted))
+    world = LayoutCache().universe(model, any(p.media_extensions for p in model.mig_profiles if p.profile_id in wanted))
     allowed = wanted | {i.profile_id for i in free}
     best: dict[tuple[int, ...], tuple[Any, ...]] = {}
     for index, mask in enumerate(world.layouts):
@@ -178,7 +178,8 @@ def test_batched_layout_options_match_one_by_one(model_key: str) -> None:
                          tuple(sorted(i for i, u in zip(layout, flags, strict=True) if not u)), False))
     wanted = frozenset(p.profile_id for p in rng.sample(
         [p for p in model.mig_profiles if not p.media_extensions], 3))
-    for (used, free, _), (_, options) in zip(requests, mig_options_many(model, wanted, requests), strict=True):
+    for (used, free, _), (_, options) in zip(requests, LayoutCache().mig_options_many(model, wanted, requests),
+                                                 strict=True):
         got = [(o.free, o.instances, o.created, o.destroyed, o.frag) for o in options]
         assert got == reference_options(model_key, used, free, wanted)
         assert any(o.created == o.destroyed == 0 for o in options)  # keeping the layout is always one

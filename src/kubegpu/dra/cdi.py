@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.dra.config import Sharing
 from kubegpu.dra.devices import Placement
 from kubegpu.errors import KubegpuError
 from kubegpu.files import write_durable
 from kubegpu.gpu.backend import MigDevice
 from kubegpu.sharing.cdi import CDI_VERSION, CONTROL_DEVICES, device_nodes
+from kubegpu.sharing.claimconfig import Sharing
 from kubegpu.sharing.devices import AnnotatedDevice
 from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, GpuLimits, MpsPlan
 

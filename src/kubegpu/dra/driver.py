@@ -32,10 +32,10 @@ from kubegpu.dra.cdi import (
     write_claim_spec,
 )
 from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
-from kubegpu.dra.config import Sharing, sharing_by_request
 from kubegpu.dra.devices import DRIVER, GpuOffer, Placement, gpu_offers, placements_by_name, read_node
 from kubegpu.errors import KubegpuError
 from kubegpu.gpu.backend import GpuBackend, GpuBackendError, MigDevice
+from kubegpu.sharing.claimconfig import Sharing, sharing_by_request
 from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, MpsPlan
 from kubegpu.sharing.mps_control import MpsControl, record_limits
 

@@ -26,6 +26,7 @@ STATES = (
     "state-partitioner",
     "state-autoscaler",
     "state-dra-driver",
+    "state-gpu-guard",
 )
 
 
@@ -153,6 +154,17 @@ OPERANDS: tuple[Operand, ...] = (
             host_paths=(HostPath("kubelet-plugins", "/var/lib/kubelet/plugins"),
                         HostPath("plugins-registry", "/var/lib/kubelet/plugins_registry"),
                         HostPath("cdi", "/var/run/cdi"), _VALIDATIONS)),
+    # hostPID and the host's /proc: GPU processes are host PIDs, their cgroups name the pods, and the guard kills
+    # an offending process where a PodDisruptionBudget refuses its pod's eviction (docs/gpu-guard.md)
+    Operand("gpu-guard", "gpuGuard", "state-gpu-guard", command=("kubegpu", "gpu-guard"),
+            args=("--gpu-backend=nvml", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+                  "--proc-root=/host/proc", "--mps-slices-file=/var/lib/kubegpu/mps-slices.json",
+                  "--metrics-address=:8082"),
+            waits_for="toolkit-ready", privileged=True, host_pid=True, port=8082,
+            cluster_rules=(rule([""], ["pods"], ["get", "list"]), rule([""], ["pods/status"], ["patch"]),
+                           rule([""], ["pods/eviction"], ["create"]),
+                           rule(["resource.k8s.io"], ["resourceclaims"], ["get"]), EVENTS),
+            host_paths=(_POD_RESOURCES, _STATE, HostPath("host-proc", "/proc", "/host/proc"), _VALIDATIONS)),
 )
 
 # The validator's init containers, in order (GPU Operator's nvidia-validator components).

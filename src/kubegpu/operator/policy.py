@@ -17,6 +17,8 @@ from kubegpu.config import model_error_message
 from kubegpu.config.crds import custom_resource_definition
 from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError
+from kubegpu.kube.errors import BadRequest
+from kubegpu.kube.selectors import parse_label_selector
 from kubegpu.sharing.names import GPU_RESOURCE
 
 GROUP = "kubegpu.io"
@@ -87,9 +89,20 @@ class DaemonsetsSpec(ApiModel):
     maxUnavailable: IntOrString = 1
 
 
+def _pod_selector(value: str) -> str:
+    """A label selector in the API server's string syntax, checked by the one matcher that later applies it."""
+    try:
+        parse_label_selector(value)
+    except BadRequest as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 class WaitForCompletion(ApiModel):
     timeoutSeconds: int = Field(default=0, ge=0)
     podSelector: str = ""
+
+    _selector = field_validator("podSelector")(_pod_selector)
 
 
 class PodDeletion(ApiModel):
@@ -104,6 +117,8 @@ class Drain(ApiModel):
     podSelector: str = ""
     timeoutSeconds: int = Field(default=300, ge=0)
     deleteEmptyDir: bool = False
+
+    _selector = field_validator("podSelector")(_pod_selector)
 
 
 class UpgradePolicy(ApiModel):
@@ -213,6 +228,7 @@ class ClusterPolicySpec(ApiModel):
     partitioner: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     autoscaler: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     draDriver: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    gpuGuard: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
 
 
 State = Literal["ready", "notReady", "ignored"]

@@ -31,12 +31,11 @@ from kubegpu.partitioner.planner import (
     MpsSlice,
     NodeInput,
     Plan,
-    check_planner,
+    Planner,
     is_partition_resource,
-    plan,
 )
 from kubegpu.partitioner.snapshot import optimality_line
-from kubegpu.scheduling import is_finished, pod_key, pod_requests
+from kubegpu.scheduling import is_finished, is_scheduling_gated, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")
 COMPONENT = "kubegpu-partitioner"
@@ -51,7 +50,7 @@ def could_help(pod: Mapping[str, Any]) -> bool:
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     if spec.get("nodeName") or status.get("nominatedNodeName"):
         return False
-    if (status.get("phase") or "Pending") != "Pending":
+    if (status.get("phase") or "Pending") != "Pending" or is_scheduling_gated(pod):
         return False
     owners = (pod.get("metadata") or {}).get("ownerReferences") or []
     if any(o.get("kind") == "DaemonSet" for o in owners):
@@ -127,13 +126,14 @@ class PartitionerController:
     time_limit: float = DEFAULT_TIME_LIMIT_S  # seconds the exact planner may search per plan
     skip_futile_plans: bool = False  # the simulator's shortcut, see the note after next_deadline
     batcher: Batcher = field(init=False)
+    _planner: Planner = field(init=False)  # what it remembers between plans is this controller's
     _futile: tuple[Any, ...] | None = None  # the input of the last plan, when it changed nothing
     _last_plan_id: int = 0
     _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
     _reported: set[tuple[str, str]] = field(default_factory=set)  # (object, reason) already turned into an Event
 
     def __post_init__(self) -> None:
-        check_planner(self.planner, self.time_limit)
+        self._planner = Planner(self.planner, self.time_limit)
         self.batcher = Batcher(window=self.batch_timeout, idle=self.batch_idle)
         if self.elector is None:
             self.elector = LeaderElector(self.cluster, self.identity, LEASE_NAME, lease_duration=self.lease_duration)
@@ -192,7 +192,7 @@ class PartitionerController:
         if self.skip_futile_plans and signature == self._futile:
             return TickResult(leader=True, skipped=True)
         started = time.perf_counter()
-        result = plan(inputs, pending, planner=self.planner, time_limit=self.time_limit)
+        result = self._planner.plan(inputs, pending)
         plan_seconds = time.perf_counter() - started
         self._futile = None if any(n.changed for n in result.nodes.values()) else signature
         plan_id = self._next_plan_id(now)

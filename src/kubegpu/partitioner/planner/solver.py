@@ -37,9 +37,6 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
-_banner_lock = threading.Lock()
-_banner_shown = False
-
 Vector = npt.NDArray[np.float64]
 _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixFormat, ObjSense and HighsVarType values
 _INTEGRAL = 1e-6  # a relaxed value this close to an integer is that integer
@@ -47,35 +44,40 @@ _DIVE_SHARE = 0.25  # of the time left, for the quick incumbent from the relaxat
 _EXACT = 2.0**50  # integers below this stay exact in doubles, with room for sums
 
 
-def warm_up() -> None:
-    """Build the first HiGHS instance (a second or so of library loading on a busy machine) so that it is not
-    charged to a plan's time limit."""
-    new_highs()
+class HighsLoader:
+    """Builds silent `highspy.Highs` instances for one planner. HiGHS prints its banner on stdout when the first
+    instance of the process is built, which would corrupt `kubegpu plan -o json`: a loader's first construction runs
+    with file descriptor 1 pointed at /dev/null (a later loader's first one does too, harmlessly: the banner is
+    gone by then). Loading the library takes a second or so on a busy machine, so `warm_up` is called before a
+    plan's budget starts."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._quiet = False
 
-def new_highs() -> Any:
-    """A silent `highspy.Highs`. HiGHS prints its banner on stdout when the first instance is built, which would
-    corrupt `kubegpu plan -o json`; the first construction runs with file descriptor 1 pointed at /dev/null."""
-    global _banner_shown
-    with _banner_lock:
-        if _banner_shown:
-            highs = highspy.Highs()
-        else:
-            sys.stdout.flush()
-            saved = os.dup(1)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            try:
+    def warm_up(self) -> None:
+        self.new()
+
+    def new(self) -> Any:
+        with self._lock:
+            if self._quiet:
                 highs = highspy.Highs()
-                highs.setOptionValue("output_flag", False)
-                ctypes.CDLL(None).fflush(None)
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-                os.close(devnull)
-            _banner_shown = True
-    highs.setOptionValue("output_flag", False)
-    return highs
+            else:
+                sys.stdout.flush()
+                saved = os.dup(1)
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                try:
+                    highs = highspy.Highs()
+                    highs.setOptionValue("output_flag", False)
+                    ctypes.CDLL(None).fflush(None)
+                finally:
+                    os.dup2(saved, 1)
+                    os.close(saved)
+                    os.close(devnull)
+                self._quiet = True
+        highs.setOptionValue("output_flag", False)
+        return highs
 
 
 class Solver:
@@ -171,8 +173,9 @@ class _Step:
 
 
 class Lexicographic:
-    def __init__(self, solver: Solver, stages: list[Stage]) -> None:
+    def __init__(self, solver: Solver, stages: list[Stage], loader: HighsLoader | None = None) -> None:
         self.stages = stages
+        self.loader = HighsLoader() if loader is None else loader
         self.columns = solver.columns
         self.lower = np.array(solver.lower, dtype=np.float64)
         self.upper = np.array(solver.upper, dtype=np.float64)
@@ -339,7 +342,7 @@ class Lexicographic:
         remap = np.cumsum(free) - 1
         index = remap[self.index[moving]].astype(np.int32)
         starts = np.concatenate([[0], np.cumsum(np.bincount(rows[moving], minlength=len(self.row_lower)))])
-        highs = new_highs()
+        highs = self.loader.new()
         highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
         if integer:
             highs.setOptionValue("mip_rel_gap", 0.0)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance, free_space_score, layout_errors, place
-from kubegpu.partitioner.planner_model import GpuPlan, mig_resource, mps_resource, mps_size
+from kubegpu.partitioner.planner.model import GpuPlan, mig_resource, mps_resource, mps_size
 from kubegpu.sharing.names import mig_resource_name
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -28,9 +28,10 @@ class MigGpu:
     layout: tuple[tuple[PlacedInstance, str], ...]  # each instance with its tag
     original: tuple[PlacedInstance, ...]
     frozen: bool = False
+    cache: GpuCache = field(default_factory=lambda: GpuCache(), compare=False, repr=False)
 
     def resources(self) -> dict[str, int]:
-        return _resource_ids(self.model)
+        return self.cache.resource_ids(self.model)
 
     def claim(self, resource: str) -> MigGpu | None:
         profile_id = self.resources().get(resource)
@@ -60,16 +61,16 @@ class MigGpu:
     def _additions(self, profile_id: int) -> Iterable[MigGpu | None]:
         """Options in rising cost: add beside everything; drop unclaimed free instances; re-place planned ones."""
         everything = [inst for inst, _ in self.layout]
-        yield self._with(_placed(self.model, [profile_id], everything), keep=self.layout)
+        yield self._with(self.cache.placed(self.model, [profile_id], everything), keep=self.layout)
         pinned = [(i, t) for i, t in self.layout if t == USED or (t == CLAIMED and i in self.original)]
         movable = [i.profile_id for i, t in self.layout if t == CLAIMED and i not in self.original]
         frees = [(i, t) for i, t in self.layout if t == FREE]
-        placed = _placed(self.model, [*movable, profile_id], [i for i, _ in pinned])
+        placed = self.cache.placed(self.model, [*movable, profile_id], [i for i, _ in pinned])
         if placed is not None:
             yield self._refill(pinned, placed, frees)
         used = [(i, t) for i, t in self.layout if t == USED]
         claimed = [i.profile_id for i, t in self.layout if t == CLAIMED]
-        placed = _placed(self.model, [*claimed, profile_id], [i for i, _ in used])
+        placed = self.cache.placed(self.model, [*claimed, profile_id], [i for i, _ in used])
         if placed is not None:
             yield self._refill(used, placed, frees)
 
@@ -97,7 +98,7 @@ class MigGpu:
     @cached_property
     def fragmentation(self) -> int:
         """Lower is better: minus geometry's measure of how useful the free space is."""
-        return _fragmentation(self.model, tuple(sorted(i for i, _ in self.layout)))
+        return self.cache.fragmentation(self.model, tuple(sorted(i for i, _ in self.layout)))
 
     @cached_property
     def free_counts(self) -> Counter[str]:
@@ -172,42 +173,48 @@ class MpsGpu:
 GpuState = MigGpu | MpsGpu
 
 
-_RESOURCE_IDS: dict[tuple[str, int], dict[str, int]] = {}
-_PLACED: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple[PlacedInstance, ...] | None] = {}
-_FRAGMENTATION: dict[tuple[str, int, tuple[PlacedInstance, ...]], int] = {}
+class GpuCache:
+    """What the greedy's GPU states recompute most, remembered for the planner that owns this cache (and so across
+    its plans: a controller re-plans clusters whose GPUs mostly keep their shape). Keyed on a model's key and
+    identity: hashing a whole GpuModel on every call was a third of plan time."""
 
+    LIMIT = 100_000  # entries per table before it is cleared
 
-def _resource_ids(model: GpuModel) -> dict[str, int]:
-    """`nvidia.com/mig-<profile>` → GI profile id, for one model (ids differ between models: A30 vs A100).
-    Memoised on the model's key and identity: hashing a whole GpuModel on every call was a third of plan time."""
-    key = (model.key, id(model))
-    found = _RESOURCE_IDS.get(key)
-    if found is None:
-        found = _RESOURCE_IDS[key] = {mig_resource_name(p.name): p.profile_id for p in model.mig_profiles}
-    return found
+    def __init__(self) -> None:
+        self._resource_ids: dict[tuple[str, int], dict[str, int]] = {}
+        self._placed: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]],
+                           tuple[PlacedInstance, ...] | None] = {}
+        self._fragmentation: dict[tuple[str, int, tuple[PlacedInstance, ...]], int] = {}
 
+    def resource_ids(self, model: GpuModel) -> dict[str, int]:
+        """`nvidia.com/mig-<profile>` → GI profile id, for one model (ids differ between models: A30 vs A100)."""
+        key = (model.key, id(model))
+        found = self._resource_ids.get(key)
+        if found is None:
+            found = self._resource_ids[key] = {mig_resource_name(p.name): p.profile_id for p in model.mig_profiles}
+        return found
 
-def _fragmentation(model: GpuModel, layout: tuple[PlacedInstance, ...]) -> int:
-    """Minus `geometry.free_space_score`, memoised: the same layouts recur on many GPUs and in every pod order."""
-    key = (model.key, id(model), layout)
-    found = _FRAGMENTATION.get(key)
-    if found is None:
-        if len(_FRAGMENTATION) > 100_000:
-            _FRAGMENTATION.clear()
-        found = _FRAGMENTATION[key] = -free_space_score(model, list(layout))
-    return found
+    def fragmentation(self, model: GpuModel, layout: tuple[PlacedInstance, ...]) -> int:
+        """Minus `geometry.free_space_score`: the same layouts recur on many GPUs and in every pod order."""
+        key = (model.key, id(model), layout)
+        found = self._fragmentation.get(key)
+        if found is None:
+            if len(self._fragmentation) > self.LIMIT:
+                self._fragmentation.clear()
+            found = self._fragmentation[key] = -free_space_score(model, list(layout))
+        return found
 
-
-def _placed(model: GpuModel, wanted: Sequence[int], fixed: Sequence[PlacedInstance]) -> list[PlacedInstance] | None:
-    """`geometry.place`, returning only the new instances; memoised, as the same GPU shapes recur across plans
-    (keyed on plain (profile, start) pairs: hashing and sorting them is several times cheaper than the dataclass)."""
-    pairs = tuple(sorted((i.profile_id, i.start) for i in fixed))
-    key = (model.key, id(model), tuple(sorted(wanted)), pairs)
-    if key not in _PLACED:
-        if len(_PLACED) > 100_000:
-            _PLACED.clear()
-        result = place(model, key[2], [PlacedInstance(p, s) for p, s in pairs])
-        # place returns the fixed instances first, as given, then the new ones
-        _PLACED[key] = None if result is None else tuple(result[len(pairs):])
-    found = _PLACED[key]
-    return list(found) if found is not None else None
+    def placed(self, model: GpuModel, wanted: Sequence[int], fixed: Sequence[PlacedInstance]
+               ) -> list[PlacedInstance] | None:
+        """`geometry.place`, returning only the new instances (keyed on plain (profile, start) pairs: hashing and
+        sorting them is several times cheaper than the dataclass)."""
+        pairs = tuple(sorted((i.profile_id, i.start) for i in fixed))
+        key = (model.key, id(model), tuple(sorted(wanted)), pairs)
+        if key not in self._placed:
+            if len(self._placed) > self.LIMIT:
+                self._placed.clear()
+            result = place(model, key[2], [PlacedInstance(p, s) for p, s in pairs])
+            # place returns the fixed instances first, as given, then the new ones
+            self._placed[key] = None if result is None else tuple(result[len(pairs):])
+        found = self._placed[key]
+        return list(found) if found is not None else None

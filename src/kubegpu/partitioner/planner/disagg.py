@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.gpu.geometry import free_space_score
-from kubegpu.partitioner.planner_model import GpuPlan, NodeInput, Plan, mig_resource, pod_priority
+from kubegpu.partitioner.planner.model import GpuPlan, NodeInput, Plan, mig_resource, pod_priority
 from kubegpu.scheduling import NodeInfo, fits, pod_key, pod_requirements
 
 if TYPE_CHECKING:
-    from kubegpu.partitioner.planner_exact import Model
-    from kubegpu.partitioner.planner_greedy import Problem
+    from kubegpu.partitioner.planner.exact import Model
+    from kubegpu.partitioner.planner.greedy import Problem
 
 
 def disaggregate(problem: Problem, model: Model, values: Sequence[float]
@@ -79,7 +79,7 @@ def _view(problem: Problem, name: str, plans: Sequence[GpuPlan]) -> NodeInfo:
 def free_instances(node: NodeInput, plans: Sequence[GpuPlan]) -> Counter[str]:
     """Partition resources the plans offer on `node`, instances and slices in use left out."""
     from kubegpu.gpu.geometry import PlacedInstance
-    from kubegpu.partitioner.planner_model import mps_resource
+    from kubegpu.partitioner.planner.model import mps_resource
 
     gpus = {g.index: g for g in node.gpus}
     found: Counter[str] = Counter()

@@ -10,7 +10,7 @@ pod outweighs any number of lower ones), (2) fewest instances created plus destr
 contiguous free ranges kept). The search is a greedy over pods, run in four orders (small requests first, which
 maximises the count; large first, which avoids stranding big requests; both again with node-constrained pods
 first) and the best plan by the objective wins. It is fast but not optimal on fragmented clusters (0.95-0.99 of the
-optimum on hard states); the exact planner (`planner_exact`) is the default and falls back to this one.
+optimum on hard states); the exact planner (`exact`) is the default and falls back to this one.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
-from kubegpu.partitioner.planner_gpus import FREE, USED, GpuState, MigGpu, MpsGpu
-from kubegpu.partitioner.planner_model import (
+from kubegpu.partitioner.planner.gpus import FREE, USED, GpuCache, GpuState, MigGpu, MpsGpu
+from kubegpu.partitioner.planner.model import (
     GpuInput,
     GpuPlan,
     Mode,
@@ -32,7 +32,7 @@ from kubegpu.partitioner.planner_model import (
     pod_priority,
     scheduling_view,
 )
-from kubegpu.partitioner.planner_pods import Candidate, candidates, eligible_nodes, size_of, unschedulable_reason
+from kubegpu.partitioner.planner.pods import Candidate, candidates, eligible_nodes, size_of, unschedulable_reason
 from kubegpu.scheduling import NodeInfo, PodRequirements, fits, pod_key, pod_requirements
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,8 +95,9 @@ class Problem:
         return {name: s.node for name, s in self.states.items() if s.gpus}
 
 
-def prepare(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]]) -> Problem:
-    states, errors = _initial_states(nodes)
+def prepare(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]], cache: GpuCache | None = None) -> Problem:
+    """The problem both planners solve; `cache` is the planner's (a fresh one when None)."""
+    states, errors = _initial_states(nodes, GpuCache() if cache is None else cache)
     offered: set[str] = set()
     largest_mps = 0
     for state in states.values():
@@ -132,9 +133,9 @@ def finish(problem: Problem, gpu_plans: Mapping[str, Sequence[GpuPlan]], assignm
     )
 
 
-def greedy_plan(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]]) -> Plan:
+def greedy_plan(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]], cache: GpuCache | None = None) -> Plan:
     """Choose new layouts for `nodes` so that as many of the pending `pods` as possible fit (see module doc)."""
-    return greedy_solve(prepare(nodes, pods))
+    return greedy_solve(prepare(nodes, pods, cache))
 
 
 def greedy_solve(problem: Problem, orders: slice = slice(None)) -> Plan:
@@ -160,14 +161,15 @@ def _best_greedy(found: Sequence[Candidate], states: Mapping[str, _NodeState], o
     return best[1], best[2]
 
 
-def _initial_states(nodes: Sequence[NodeInput]) -> tuple[dict[str, _NodeState], dict[str, list[GpuPlan]]]:
+def _initial_states(nodes: Sequence[NodeInput], cache: GpuCache
+                    ) -> tuple[dict[str, _NodeState], dict[str, list[GpuPlan]]]:
     """Working states for the GPUs that can be planned; the others are kept as they are, with the reason."""
     states: dict[str, _NodeState] = {}
     errors: dict[str, list[GpuPlan]] = {}
     for node in sorted(nodes, key=lambda n: n.name):
         gpus: list[GpuState] = []
         for gpu in node.gpus:
-            state, error = _gpu_state(node.mode, gpu)
+            state, error = _gpu_state(node.mode, gpu, cache)
             if state is not None:
                 gpus.append(state)
             else:
@@ -176,7 +178,7 @@ def _initial_states(nodes: Sequence[NodeInput]) -> tuple[dict[str, _NodeState], 
     return states, errors
 
 
-def _gpu_state(mode: Mode, gpu: GpuInput) -> tuple[GpuState | None, str | None]:
+def _gpu_state(mode: Mode, gpu: GpuInput, cache: GpuCache) -> tuple[GpuState | None, str | None]:
     if gpu.model is None:
         return None, f"GPU model {gpu.model_key!r} is not in the catalog"
     if mode == "mps":
@@ -193,7 +195,7 @@ def _gpu_state(mode: Mode, gpu: GpuInput) -> tuple[GpuState | None, str | None]:
     if problems:
         return None, f"current layout is not legal: {problems[0]}"
     tagged = tuple((PlacedInstance(i.profile_id, i.start), USED if i.used else FREE) for i in gpu.instances)
-    return MigGpu(gpu.index, gpu.model, tagged, layout, gpu.frozen), None
+    return MigGpu(gpu.index, gpu.model, tagged, layout, gpu.frozen, cache), None
 
 
 def _unchanged(gpu: GpuInput, error: str) -> GpuPlan:

@@ -9,7 +9,7 @@ instances and whose free part only holds profiles some pod asks for or the GPU a
 same free multiset only the best survives: fewest instances created plus destroyed, then least fragmentation
 (`geometry.free_space_score`), then the lowest index (deterministic). All classes of a model are computed together
 as arrays over (layout, class) pairs (a few numpy operations instead of a Python loop per class and layout), and
-each class's options are remembered across plans. Pure.
+each class's options are remembered across plans by the planner's `LayoutCache`. Pure.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -159,67 +159,78 @@ def _counts_of(universe: Universe, mask: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@lru_cache(maxsize=64)
-def universe(model: GpuModel, media_extensions: bool) -> Universe:
-    return Universe(model, media_extensions)
-
-
 Request = tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], bool]  # in-use, free instances, frozen
-# The options of a class are a pure function of its model, shape and the wanted profiles: remembered across plans,
-# since a controller re-plans clusters whose GPUs mostly keep their shape (keyed on the model's identity, as
-# hashing a whole GpuModel costs more than the lookup saves).
-_OPTIONS: dict[tuple[Any, ...], tuple[Universe, list[LayoutOption]]] = {}
 _CHUNK = 256  # classes computed together (bounds the layouts x classes x profiles arrays)
 
 
-def mig_options(model: GpuModel, used: tuple[PlacedInstance, ...], free: tuple[PlacedInstance, ...],
-                wanted: frozenset[int], frozen: bool = False) -> tuple[Universe, list[LayoutOption]]:
-    """The columns of one GPU class (see `mig_options_many`)."""
-    return mig_options_many(model, wanted, [(used, free, frozen)])[0]
+class LayoutCache:
+    """Each model's layout universe (enumerated once) and each GPU class's options, remembered for the planner that
+    owns this cache: the options of a class are a pure function of its model, shape and the wanted profiles, and a
+    controller re-plans clusters whose GPUs mostly keep their shape (keyed on the model's identity, as hashing a
+    whole GpuModel costs more than the lookup saves)."""
 
+    LIMIT = 50_000  # remembered classes before the table is cleared
 
-def mig_options_many(model: GpuModel, wanted: frozenset[int], requests: Sequence[Request]
-                     ) -> list[tuple[Universe, list[LayoutOption]]]:
-    """The columns of GPU classes of one model: per class, the best layout per multiset of free instances pods
-    want, sorted by it.
+    def __init__(self) -> None:
+        self._universes: dict[tuple[str, int, bool], Universe] = {}
+        self._options: dict[tuple[Any, ...], tuple[Universe, list[LayoutOption]]] = {}
 
-    `wanted` are the profile ids pending pods ask for; free counts of other profiles are left out (zero), as they
-    serve nobody. A class keeps the layouts holding its in-use instances whose free part only has wanted profiles or
-    ones it already has; of those with the same free multiset the best survives (fewest instances created plus
-    destroyed, then least fragmentation, then the lowest index: deterministic), and a layout another one dominates
-    (at least as many wanted instances of every profile, no more churn and fragmentation) is dropped. A frozen GPU
-    keeps its current layout (one option). Classes are computed together, as arrays over (layout, class) pairs."""
-    found: list[tuple[Universe, list[LayoutOption]] | None] = [None] * len(requests)
-    batches: dict[bool, list[int]] = {}
-    with_media = {p.profile_id for p in model.mig_profiles if p.media_extensions}
-    wants_media = bool(with_media & wanted)
-    for k, (used, free, frozen) in enumerate(requests):
-        remembered = _OPTIONS.get((model.key, id(model), wanted, used, free, frozen))
-        if remembered is not None and remembered[0].model is model:
-            found[k] = remembered
-            continue
-        media = wants_media or any(i.profile_id in with_media for i in (*used, *free))
-        world = universe(model, media)
-        if frozen:
-            used_mask, free_mask = world.mask(used), world.mask(free)
-            assert used_mask is not None and free_mask is not None, "a legal layout is always inside its universe"
-            index = world.layouts.index(used_mask | free_mask)
-            now = tuple(a - b for a, b in zip(world.counts[index], _counts_of(world, used_mask), strict=True))
-            found[k] = (world, [LayoutOption(now, world.instances(used_mask | free_mask), 0, 0, world.frag(index))])
-        else:
-            batches.setdefault(media, []).append(k)
-    for media, members in batches.items():
-        world = universe(model, media)
-        for first in range(0, len(members), _CHUNK):
-            chunk = members[first:first + _CHUNK]
-            for k, batched in zip(chunk, _batch(world, wanted, [requests[k] for k in chunk]), strict=True):
-                found[k] = (world, batched)
-    if len(_OPTIONS) > 50_000:
-        _OPTIONS.clear()
-    for (used, free, frozen), entry in zip(requests, found, strict=True):
-        assert entry is not None
-        _OPTIONS[(model.key, id(model), wanted, used, free, frozen)] = entry
-    return [f for f in found if f is not None]
+    def universe(self, model: GpuModel, media_extensions: bool) -> Universe:
+        key = (model.key, id(model), media_extensions)
+        found = self._universes.get(key)
+        if found is None or found.model is not model:
+            found = self._universes[key] = Universe(model, media_extensions)
+        return found
+
+    def mig_options(self, model: GpuModel, used: tuple[PlacedInstance, ...], free: tuple[PlacedInstance, ...],
+                    wanted: frozenset[int], frozen: bool = False) -> tuple[Universe, list[LayoutOption]]:
+        """The columns of one GPU class (see `mig_options_many`)."""
+        return self.mig_options_many(model, wanted, [(used, free, frozen)])[0]
+
+    def mig_options_many(self, model: GpuModel, wanted: frozenset[int], requests: Sequence[Request]
+                         ) -> list[tuple[Universe, list[LayoutOption]]]:
+        """The columns of GPU classes of one model: per class, the best layout per multiset of free instances pods
+        want, sorted by it.
+
+        `wanted` are the profile ids pending pods ask for; free counts of other profiles are left out (zero), as
+        they serve nobody. A class keeps the layouts holding its in-use instances whose free part only has wanted
+        profiles or ones it already has; of those with the same free multiset the best survives (fewest instances
+        created plus destroyed, then least fragmentation, then the lowest index: deterministic), and a layout
+        another one dominates (at least as many wanted instances of every profile, no more churn and
+        fragmentation) is dropped. A frozen GPU keeps its current layout (one option). Classes are computed
+        together, as arrays over (layout, class) pairs."""
+        found: list[tuple[Universe, list[LayoutOption]] | None] = [None] * len(requests)
+        batches: dict[bool, list[int]] = {}
+        with_media = {p.profile_id for p in model.mig_profiles if p.media_extensions}
+        wants_media = bool(with_media & wanted)
+        for k, (used, free, frozen) in enumerate(requests):
+            remembered = self._options.get((model.key, id(model), wanted, used, free, frozen))
+            if remembered is not None and remembered[0].model is model:
+                found[k] = remembered
+                continue
+            media = wants_media or any(i.profile_id in with_media for i in (*used, *free))
+            world = self.universe(model, media)
+            if frozen:
+                used_mask, free_mask = world.mask(used), world.mask(free)
+                assert used_mask is not None and free_mask is not None, "a legal layout is always in its universe"
+                index = world.layouts.index(used_mask | free_mask)
+                now = tuple(a - b for a, b in zip(world.counts[index], _counts_of(world, used_mask), strict=True))
+                found[k] = (world, [LayoutOption(now, world.instances(used_mask | free_mask), 0, 0,
+                                                 world.frag(index))])
+            else:
+                batches.setdefault(media, []).append(k)
+        for media, members in batches.items():
+            world = self.universe(model, media)
+            for first in range(0, len(members), _CHUNK):
+                chunk = members[first:first + _CHUNK]
+                for k, batched in zip(chunk, _batch(world, wanted, [requests[k] for k in chunk]), strict=True):
+                    found[k] = (world, batched)
+        if len(self._options) > self.LIMIT:
+            self._options.clear()
+        for (used, free, frozen), entry in zip(requests, found, strict=True):
+            assert entry is not None
+            self._options[(model.key, id(model), wanted, used, free, frozen)] = entry
+        return [f for f in found if f is not None]
 
 
 def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request]) -> list[list[LayoutOption]]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubegpu.errors import KubegpuError
-from kubegpu.partitioner.planner_model import (
+from kubegpu.partitioner.planner.model import (
     UNLIMITED,
     NodeInput,
     is_partition_resource,

@@ -3,7 +3,7 @@
 Model (aggregated so that 512 GPUs and 1,000 pods solve in well under a second):
   * GPU classes. MIG GPUs with the same model, supply group, in-use instances and free instances form one class;
     an integer column per (class, layout option) counts how many of the class's GPUs take that layout
-    (`planner_layouts.mig_options`: every legal layout keeping the in-use instances, the best per free multiset).
+    (`layouts.LayoutCache.mig_options`: every legal layout keeping the in-use instances, the best per free multiset).
     MPS GPUs are a knapsack each: columns for kept and new slices of every requested size within free memory.
   * Supply groups. Normally nodes whose labels and taints admit exactly the same pods form one group, and a pod
     may take instances anywhere in it; when a pod asks for several instances (all must be on one node) or the
@@ -13,7 +13,7 @@ Model (aggregated so that 512 GPUs and 1,000 pods solve in well under a second):
 Objective, in order: priority-weighted pods made schedulable (one pod of a higher priority outweighs every pod below
 it), then instances created plus destroyed, then fragmentation (`geometry.free_space_score`). Normally two stages,
 each keeping the value the previous one reached: pods, then churn with fragmentation as its tie-breaker
-(`planner_solver.Lexicographic`: relaxation bound, neighbourhood incumbents, reduced-cost fixing, then branching).
+(`solver.Lexicographic`: relaxation bound, neighbourhood incumbents, reduced-cost fixing, then branching).
 Time budget, wall clock for the whole plan (parsing, model, solver, disaggregation; HiGHS's one-off library load
 aside): the solver runs until `FINISH_SHARE` of it is left for disaggregation, and a plan it proves optimal is at
 least as good as any greedy plan. If it has not proven its plan by then, the greedy runs in all its pod orders (to
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubegpu.gpu.geometry import PlacedInstance
-from kubegpu.partitioner.planner_disagg import disaggregate, plan_objective
-from kubegpu.partitioner.planner_gpus import USED, MigGpu, MpsGpu
-from kubegpu.partitioner.planner_greedy import Problem, finish, greedy_solve
-from kubegpu.partitioner.planner_layouts import LayoutOption, mig_options_many
-from kubegpu.partitioner.planner_model import (
+from kubegpu.partitioner.planner.disagg import disaggregate, plan_objective
+from kubegpu.partitioner.planner.gpus import USED, MigGpu, MpsGpu
+from kubegpu.partitioner.planner.greedy import Problem, finish, greedy_solve
+from kubegpu.partitioner.planner.layouts import LayoutCache, LayoutOption
+from kubegpu.partitioner.planner.model import (
     Plan,
     is_partition_resource,
     mig_resource,
@@ -42,8 +42,8 @@ from kubegpu.partitioner.planner_model import (
     mps_size,
     pod_priority,
 )
-from kubegpu.partitioner.planner_pods import eligible_nodes
-from kubegpu.partitioner.planner_solver import Lexicographic, Outcome, Solver, Stage, StageResult, warm_up
+from kubegpu.partitioner.planner.pods import eligible_nodes
+from kubegpu.partitioner.planner.solver import HighsLoader, Lexicographic, Outcome, Solver, Stage, StageResult
 from kubegpu.scheduling import pod_key, pod_requests
 
 MAX_COEFFICIENT = 1e9  # pod weights above this are solved level by level (the objective stays exact in doubles)
@@ -93,21 +93,24 @@ class Model:
     levels: dict[int, int] = field(default_factory=dict)  # pod column → priority
 
 
-def exact_solve(problem: Problem, time_limit: float, started: float | None = None) -> Plan:
+def exact_solve(problem: Problem, time_limit: float, started: float | None = None, layouts: LayoutCache | None = None,
+                loader: HighsLoader | None = None) -> Plan:
     """Plan `problem` exactly within `time_limit` seconds of wall time counted from `started` (see module doc).
 
     The solver runs first, until `FINISH_SHARE` of the budget is left; a proven optimum is at least as good as any
     greedy plan. Otherwise the greedy runs in every pod order, the solver goes on from the better of the two plans
-    while time is left, and the better of its plan and the greedy's is kept."""
-    warm_up()
+    while time is left, and the better of its plan and the greedy's is kept. `layouts` and `loader` are the
+    planner's (fresh ones when None)."""
+    loader = HighsLoader() if loader is None else loader
+    loader.warm_up()
     started = time.perf_counter() if started is None else started
     solver_deadline = started + (1.0 - FINISH_SHARE) * time_limit
     if not problem.candidates:
         return _with(greedy_solve(problem, orders=slice(0, 1)), optimal=True, bound=0, score=0,
                      note="no pending pod a re-cut could serve; nothing changed")
-    model = build(problem)
+    model = build(problem, LayoutCache() if layouts is None else layouts)
     stages = _stages(model)
-    outcome = Lexicographic(model.solver, stages).run(None, deadline=solver_deadline)
+    outcome = Lexicographic(model.solver, stages, loader).run(None, deadline=solver_deadline)
     if outcome.optimal and outcome.values is not None:
         return _exact_plan(problem, model, outcome, _bound(model, outcome))
     greedy = greedy_solve(problem)
@@ -116,7 +119,7 @@ def exact_solve(problem: Problem, time_limit: float, started: float | None = Non
         start = _start_from(model, problem, greedy)
         if _rank(stages, outcome.values) <= _rank(stages, start):
             start = outcome.values
-        again = Lexicographic(model.solver, stages).run(start, deadline=solver_deadline)
+        again = Lexicographic(model.solver, stages, loader).run(start, deadline=solver_deadline)
         if again.values is not None and _rank(stages, again.values) <= _rank(stages, outcome.values):
             bound = min(bound, _bound(model, again))
             outcome = again
@@ -162,7 +165,7 @@ def score(model: Model, plan: Plan) -> int:
 # --- building the model -----------------------------------------------------------------------------------------
 
 
-def build(problem: Problem) -> Model:
+def build(problem: Problem, layouts: LayoutCache) -> Model:
     solver = Solver()
     plannable = problem.plannable
     eligible_cache: dict[str, list[str]] = {}
@@ -180,7 +183,7 @@ def build(problem: Problem) -> Model:
                 wanted_mps.add(size)
     model = Model(solver, groups, node_group, [], [], [], weights=_weights(problem))
     supply: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    _mig_columns(problem, model, wanted_mig, supply)
+    _mig_columns(problem, model, wanted_mig, supply, layouts)
     _mps_columns(problem, model, wanted_mps, supply)
     _pod_columns(problem, model, eligible, node_level, supply)
     return model
@@ -237,7 +240,7 @@ def _weights(problem: Problem) -> dict[int, int]:
 
 
 def _mig_columns(problem: Problem, model: Model, wanted: set[str],
-                 supply: dict[tuple[str, str], list[tuple[int, float]]]) -> None:
+                 supply: dict[tuple[str, str], list[tuple[int, float]]], layouts: LayoutCache) -> None:
     members: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
     gpus: dict[tuple[Any, ...], MigGpu] = {}
     for name, state in sorted(problem.states.items()):
@@ -257,7 +260,7 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
         gpu = next(g for k, g in gpus.items() if k[1] == model_key)
         ids = frozenset(pid for pid in (gpu.resources().get(r) for r in wanted) if pid is not None)
         requests = list(wanted_shapes)
-        for shape, (world, found) in zip(requests, mig_options_many(gpu.model, ids, requests), strict=True):
+        for shape, (world, found) in zip(requests, layouts.mig_options_many(gpu.model, ids, requests), strict=True):
             options[(model_key, *shape)] = (world, found, ids)
     classes: dict[tuple[Any, ...], MigClass] = {}
     for key, node_gpus in members.items():
