@@ -38,6 +38,7 @@ LOG = logging.getLogger("kubegpu.kube.informer")
 _Key = tuple[str, str]
 WATCH_WINDOW_S = 60.0
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 30.0
+MIN_WATCH_S = 1.0   # the shortest time between two watch requests of one kind
 
 
 def quiet_http_logs() -> None:
@@ -176,6 +177,7 @@ class InformedCluster(Cluster):
                 if must_list:
                     self._relist(cache)
                     must_list = False
+                started = time.monotonic()
                 for event in self.store.watch(cache.kind, resource_version=cache.version or None,
                                               timeout=self.watch_window, bookmarks=True):
                     version = (event.object.get("metadata") or {}).get("resourceVersion")
@@ -186,6 +188,8 @@ class InformedCluster(Cluster):
                     if self._stop.is_set():
                         return
                 delay = RETRY_MIN_S
+                # a server that ends watches at once (a test double, a proxy) must not turn this into a busy loop
+                self._stop.wait(max(0.0, min(MIN_WATCH_S, self.watch_window) - (time.monotonic() - started)))
                 continue
             except Gone:
                 must_list = True  # the server forgot our version: only a fresh list gives a consistent view
