@@ -96,8 +96,10 @@ def _run(
     from kubegpu.discovery.agent import (
         FeatureFileSink,
         LabelSink,
+        NodeCapacityWriter,
         NodeLabelSink,
         StdoutSink,
+        discover_gpu_memory,
         discover_labels,
         read_machine_type,
         run_discovery,
@@ -105,17 +107,21 @@ def _run(
     from kubegpu.discovery.health import CONDITION_TYPE as CONDITION
     from kubegpu.discovery.health import NodeConditionReporter
     from kubegpu.gpu.backend import open_backend
+    from kubegpu.sharing.mps import read_slices
+    from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
     gfd = config.flags.gfd
     backend = open_backend(backend_spec)
     clock = RealClock()
     sink: LabelSink
     reporter: NodeConditionReporter | None = None
+    capacity: NodeCapacityWriter | None = None
     if node_name:
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
 
         cluster = LightkubeCluster()
         sink = NodeLabelSink(cluster, node_name)
+        capacity = NodeCapacityWriter(cluster, node_name)
         reporter = NodeConditionReporter(cluster, node_name, backend, clock, health_quiet_period)
         target = f"node {node_name}"
     elif gfd.output_file == "-":
@@ -134,6 +140,13 @@ def _run(
         check_mps_against_gpus(current, backend.devices(), source)  # GFD refuses MPS with MIG, as the plugin does
         machine = read_machine_type(gfd.machine_type_file)
         labels = discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
+        if capacity is not None:
+            try:  # as the condition: labels first, a missing grant or a bad slices file must not stop them
+                slices_file = os.environ.get("KUBEGPU_MPS_SLICES_FILE")
+                slices = read_slices(Path(slices_file)) if slices_file else None
+                capacity.write(discover_gpu_memory(backend, current, slices))
+            except KubegpuError as exc:
+                typer.echo(f"warning: {GPU_MEMORY_RESOURCE} capacity not updated: {exc}", err=True)
         if reporter is not None:
             try:  # labels matter more than the condition: a missing nodes/status grant must not stop labelling
                 reporter.report()

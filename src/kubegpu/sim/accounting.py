@@ -18,12 +18,14 @@ from kubegpu.scheduling import NodeInfo, pod_requirements, select_node
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
+from kubegpu.sim.guard import GUARD_LEAD_S, over_share, share_gib
 from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
 from kubegpu.sim.strategies import GpuRequest
 from kubegpu.sim.workload import Job
 from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
+    _GUARD,
     _OOM,
     CLASS_LABEL,
     RETRY_BACKOFF_MAX_S,
@@ -109,6 +111,7 @@ class Accounting(SimCore):
         run.thread_fraction = (first.mps_thread_percentage or 100) / 100.0
         run.alloc_weight = sum(_alloc_weight(node.model, d) for d in run.devices)
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
+        run.share_gib = share_gib(run.devices) if getattr(self.strategy, "memory_shared", False) else None
         for part in run.parts:
             part.residents.append(run)
         self.metrics.started(run, now)
@@ -119,6 +122,10 @@ class Accounting(SimCore):
         if node.rejects_multiple_shared and run.request.count > 1 and run.devices[0].shared:
             self._stop(run, "rejected")  # the device plugin's Allocate fails: the kubelet fails the pod
             return
+        if getattr(self.strategy, "guard", None) is not None:
+            for offender in over_share(run.parts, run.devices):
+                offender.guarded = True
+                self._push(now + max(0.0, self.params.oom_delay_s - GUARD_LEAD_S), _GUARD, offender)
         for victim in self._oom_victims(run):
             self._push(now + self.params.oom_delay_s, _OOM, victim)
         self._reprice(run.parts)
@@ -133,7 +140,7 @@ class Accounting(SimCore):
                 if run.job.memory_gib > (limit if limit is not None else part.memory_gib) + 1e-9:
                     victims.append(run)
             else:
-                residents = part.residents
+                residents = [r for r in part.residents if not r.guarded]  # the guard's evictions free theirs
                 for index in newest_to_kill([r.job.memory_gib for r in residents], part.memory_gib):
                     victims.append(residents[index])
         return _unique(victims)
@@ -201,7 +208,7 @@ class Accounting(SimCore):
         self._freed(run.request.resource)
         self.cluster.delete("Pod", run.pod["metadata"]["name"], namespace=run.pod["metadata"]["namespace"])
         self._reprice(run.parts)
-        if outcome == "oom" and run.ooms < run.job.max_retries:
+        if outcome in ("oom", "guard") and run.ooms < run.job.max_retries:
             backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2**run.ooms)
             self._push(now + backoff, _ARRIVAL, (run.job, run.attempt + 1, run.ooms + 1))
         elif outcome == "evicted":

@@ -30,6 +30,7 @@ from kubegpu.sim.workload import Job
 from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
+    _GUARD,
     _NODE,
     _OOM,
     _SAMPLE,
@@ -125,6 +126,9 @@ class Simulation(ClusterEffects, Accounting):
         elif kind == _OOM:
             if payload.node is not None:
                 self._stop(payload, "oom")
+        elif kind == _GUARD:
+            if payload.node is not None:
+                self._stop(payload, "guard")
         elif kind == _NODE:
             payload()
         elif kind == _TICK:

@@ -83,6 +83,8 @@ class StrategyResult:
     cost: float
     cost_per_useful_gpu_hour: float
     spot_interruptions: int = 0  # bought nodes the cloud took back (scenario field spotInterruptions)
+    innocent_oom_kills: int = 0  # OOM kills of pods within their share of a shared GPU (a neighbour's fault)
+    guard_actions: int = 0  # pods the GPU-memory guard evicted for using more than their share (`+guard`)
     classes: dict[str, ClassStats] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
@@ -113,6 +115,8 @@ class Collector:
         self.first_arrival: dict[str, tuple[float, str]] = {}
         self.oom_kills = 0
         self.oom_by_class: dict[str, int] = {}
+        self.innocent_oom_kills = 0
+        self.guard_actions = 0
         self.evictions = 0
         self.rejected = 0
         self.failed = 0
@@ -176,6 +180,12 @@ class Collector:
         elif outcome == "oom":
             self.oom_kills += 1
             self.oom_by_class[run.job.klass] = self.oom_by_class.get(run.job.klass, 0) + 1
+            if run.share_gib is not None and run.job.memory_gib <= run.share_gib + 1e-9:
+                self.innocent_oom_kills += 1
+            if run.ooms >= run.job.max_retries:
+                self.failed += 1
+        elif outcome == "guard":
+            self.guard_actions += 1
             if run.ooms >= run.job.max_retries:
                 self.failed += 1
         elif outcome == "rejected":
@@ -238,6 +248,8 @@ class Collector:
             cost=self.cost,
             cost_per_useful_gpu_hour=self.cost / useful_hours if useful_hours > 0 else 0.0,
             spot_interruptions=self.spot_interruptions,
+            innocent_oom_kills=self.innocent_oom_kills,
+            guard_actions=self.guard_actions,
             classes=dict(sorted(classes.items())),
             samples=self.samples,
         )

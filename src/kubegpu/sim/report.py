@@ -29,6 +29,8 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
     ("Memory util", "memory_util_pct", "pct", True),
     ("Completed", "pods_completed", "int", True),
     ("OOM kills", "oom_kills", "int", False),
+    ("  within share", "innocent_oom_kills", "int", False),
+    ("Guard actions", "guard_actions", "int", False),
     ("Jobs failed", "jobs_failed", "int", False),
     ("Pending p50", "pending_p50_s", "dur", False),
     ("Pending p95", "pending_p95_s", "dur", False),
