@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from kubegpu.endpoints import Handler, parse_listen_address, serve
 from kubegpu.errors import ConfigError
-from kubegpu.httpserver import parse_listen_address, serve_wsgi
 
 # DCGM-style output has no `*_created` series, and neither do we.
 disable_created_metrics()
@@ -272,11 +274,15 @@ def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: st
     """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one).
 
     `:PORT` listens on every interface, as NVIDIA's `:9400` does, so Prometheus can scrape the pod IP. The server
-    is kubegpu.httpserver's bounded one (real backlog, worker pool, idle timeouts, GET/HEAD only).
+    is kubegpu.endpoints' bounded one (timeouts, header limits, a connection cap, GET/HEAD only); prometheus_client's
+    own aiohttp handler renders (content negotiation, `name[]` filtering, gzip when asked), on every path as its
+    WSGI app did.
     """
     host, port = parse_listen_address(address, flag)
+    # typed for web.Request, uses only what the low-level server's BaseRequest has (query, headers)
+    handler = cast(Handler, make_aiohttp_handler(registry))
     try:
-        server = serve_wsgi(make_wsgi_app(registry), host, port, name="metrics-http")
+        endpoint = serve({"/metrics": handler}, host, port, name="metrics-http", default=handler)
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot listen on {address}: {exc.strerror or exc}") from None
-    return int(server.server_port)
+    return endpoint.port

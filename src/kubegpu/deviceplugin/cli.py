@@ -15,9 +15,9 @@ from typing import Any
 
 import typer
 
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import KubegpuError
 from kubegpu.gpu.options import gpu_backend_option
-from kubegpu.httpserver import parse_listen_address
 
 log = logging.getLogger("kubegpu.deviceplugin")
 

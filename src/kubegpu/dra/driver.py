@@ -34,6 +34,7 @@ from kubegpu.dra.cdi import (
 from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
 from kubegpu.dra.devices import DRIVER, GpuOffer, Placement, gpu_offers, placements_by_name, read_node
 from kubegpu.errors import KubegpuError
+from kubegpu.gpu import standins
 from kubegpu.gpu.backend import GpuBackend, GpuBackendError, MigDevice
 from kubegpu.sharing.claimconfig import Sharing, sharing_by_request
 from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, MpsPlan
@@ -86,6 +87,8 @@ class DraDriver:
         self.plugin_dir = plugin_dir
         self.mps_root = mps_root
         self.mps = MpsControl(Path(mps_root), mps_binary)
+        stand_in_dir = standins.for_backend(backend)  # a simulated node's stand-in /dev nodes, for its CDI specs
+        self.stand_ins = str(stand_in_dir) if stand_in_dir is not None else None
         self.checkpoint = Checkpoint(plugin_dir / "checkpoint.json")
         self._lock = threading.Lock()
         self.offers: list[GpuOffer] = []
@@ -166,8 +169,8 @@ class DraDriver:
                 if daemon:
                     self.mps.start_daemon(plan)
             minors = {o.gpu.index: o.gpu.device_minor for o in self.offers}
-            spec = claim_spec(ref.uid, devices, minors, mps_root=self.mps_root)
-            record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec))
+            spec = claim_spec(ref.uid, devices, minors, mps_root=self.mps_root, stand_ins=self.stand_ins)
+            record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec, self.stand_ins))
             record.devices = [
                 PreparedDevice(request_names=[s.result["request"]], pool=s.result["pool"], device=s.result["device"],
                                cdi_device_ids=[qualified_name(ref.uid, s.result["device"])])

@@ -27,6 +27,7 @@ STATES = (
     "state-autoscaler",
     "state-dra-driver",
     "state-gpu-guard",
+    "state-quota",
 )
 
 
@@ -165,6 +166,14 @@ OPERANDS: tuple[Operand, ...] = (
                            rule([""], ["pods/eviction"], ["create"]),
                            rule(["resource.k8s.io"], ["resourceclaims"], ["get"]), EVENTS),
             host_paths=(_POD_RESOURCES, _STATE, HostPath("host-proc", "/proc", "/host/proc"), _VALIDATIONS)),
+    # the admission policies and their table come with it (render.quota_objects); the CRD with the operator's
+    Operand("quota", "quota", "state-quota", kind="Deployment", command=("kubegpu", "quota", "controller"),
+            args=("--lease-duration=15", "--interval=2"),
+            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list"]),
+                           rule(["kubegpu.io"], ["elasticquotas"], ["get", "list", "watch"]),
+                           rule(["kubegpu.io"], ["elasticquotas/status"], ["patch"]), EVENTS),
+            namespace_rules=(_LEASES,)),
 )
 
 # The validator's init containers, in order (GPU Operator's nvidia-validator components).

@@ -133,6 +133,8 @@ def _container_args(policy: ClusterPolicy, op: Operand) -> list[str]:
         args.append("--collectors=/etc/kubegpu/exporter/metrics.csv")
     if op.component == "partitioner":
         args.append("--lease-namespace={namespace}")
+    if op.component == "quota":
+        args.append("--namespace={namespace}")
     return args + list(block(policy, op.block).args)
 
 
@@ -333,6 +335,8 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
                  "spec": {"selector": {NAME_LABEL: "kubegpu", COMPONENT_LABEL: "operator"},
                           "ports": [{"name": "metrics", "port": 8080, "targetPort": 8080}]}}]
     objects: list[dict[str, Any]] = []
+    if state == "state-quota" and policy.spec.quota.enabled:
+        objects += quota_objects(policy, namespace, state)
     for op in OPERANDS:
         if op.state != state or not enabled(policy, op):
             continue
@@ -340,6 +344,19 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
         objects.append(workload(policy, op, namespace))
         if op.port:
             objects += _exporter_extras(policy, op, namespace)
+    return objects
+
+
+def quota_objects(policy: ClusterPolicy, namespace: str, state: str) -> list[dict[str, Any]]:
+    """The charge table (from `spec.quota`) and the admission policies of deploy/kubernetes/quota, in this namespace."""
+    from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
+    from kubegpu.sharing.charges import ChargeTable
+
+    spec = policy.spec.quota
+    table = ChargeTable(default_model=spec.defaultGpuModel, replicas=dict(spec.replicas))
+    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
+    for obj in objects:
+        obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
     return objects
 
 

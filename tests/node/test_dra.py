@@ -1,0 +1,91 @@
+"""`kubegpu dra-driver` against the real kubelet: slices published (and left alone while idle), a claim allocated by
+kube-scheduler, prepared through the kubelet, injected by containerd through CDI, unprepared when the pod goes."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.kube.errors import NotFound
+from kubegpu.testing.nodepods import (
+    NodeSession,
+    claim_template,
+    delete_pod,
+    pod_claims,
+    probe_pod,
+    running,
+    start_probe,
+    unique,
+    until,
+)
+
+DRIVER = "gpu.nvidia.com"
+GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
+
+
+def node_slices(real_node: NodeSession) -> list[dict[str, object]]:
+    return [s for s in real_node.cluster.list("ResourceSlice")
+            if s["spec"].get("nodeName") == "real-node-0" and s["spec"].get("driver") == DRIVER]
+
+
+def generations(real_node: NodeSession) -> set[int]:
+    return {int(s["spec"]["pool"]["generation"]) for s in node_slices(real_node)}  # type: ignore[index]
+
+
+def delete_slices(real_node: NodeSession) -> None:
+    for obj in node_slices(real_node):
+        with contextlib.suppress(NotFound):
+            real_node.cluster.delete("ResourceSlice", str(obj["metadata"]["name"]))  # type: ignore[index]
+
+
+@pytest.fixture(autouse=True)
+def no_stale_slices(real_node: NodeSession) -> Iterator[None]:
+    """Each test's driver publishes afresh; none leaves slices behind for a driver that is gone (the scheduler
+    would place claims, or `nvidia.com/gpu` pods through the class's extended resource, on devices nobody serves)."""
+    delete_slices(real_node)
+    yield
+    delete_slices(real_node)
+
+
+def test_claim_is_allocated_prepared_injected_and_unprepared(real_node: NodeSession, node_ns: str) -> None:
+    cluster = real_node.cluster
+    cdi_dir = real_node.node.paths.cdi_dir
+    with running(real_node.dra_driver("--health-interval", "1")) as driver:
+        driver.wait_log("registered with the kubelet")
+        until(lambda: node_slices(real_node), "the driver's ResourceSlices")
+        cluster.create(claim_template("one-gpu", node_ns))
+        pod = probe_pod(unique("claim"), node_ns, claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                        sleep=600)
+        result = start_probe(cluster, pod)
+        [claim] = pod_claims(pod, cluster)
+        [allocated] = claim["status"]["allocation"]["devices"]["results"]
+        assert allocated["driver"] == DRIVER and allocated["pool"] == "real-node-0"
+        gpu = int(allocated["device"].removeprefix("gpu-"))
+        backend = SimulatedBackend(real_node.node.node_file)
+        assert result.env["NVIDIA_VISIBLE_DEVICES"] == backend.devices()[gpu].uuid  # from the claim's CDI spec
+        assert [d for d in result.nvidia_devices() if GPU_NODE.match(d)] == [f"/dev/nvidia{gpu}"]
+        assert "/dev/nvidiactl" in result.dev
+        uid = claim["metadata"]["uid"]
+        assert any(uid in p.name for p in cdi_dir.glob("*.json"))  # prepared: the claim's spec exists
+        delete_pod(cluster, pod["metadata"]["name"], node_ns)
+        until(lambda: not any(uid in p.name for p in cdi_dir.glob("*.json")), "the claim's CDI spec removed "
+              "(NodeUnprepareResources)")
+
+
+def test_slices_keep_their_generation_while_idle(real_node: NodeSession) -> None:
+    """Issue 23: an idle driver republished the same pool with generation + 1 every few seconds, because the real
+    API server canonicalises what it stores. With health checks every 0.5 s, eight seconds must change nothing."""
+    with running(real_node.dra_driver("--health-interval", "0.5", name="dra-idle")) as driver:
+        driver.wait_log("published ResourceSlices")
+        until(lambda: node_slices(real_node), "the driver's ResourceSlices")
+        first = generations(real_node)
+        versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in node_slices(real_node)}
+        time.sleep(8)
+        assert generations(real_node) == first and len(first) == 1
+        assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in node_slices(real_node)} == versions
+        assert driver.log().count("published ResourceSlices") == 1
