@@ -198,6 +198,12 @@ class Guard:
             self._list_pods()  # act only on what the API says now (annotation, already being deleted)
             decision = self._decide(reading, containers, shares)
         self._record(decision)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("round: %d containers, %d device shares, %d pods listed, %d processes (%d unattributed); %s",
+                      len(containers), len(shares), len(self._pods), len(reading.processes),
+                      sum(c for c, _ in decision.unattributed.values()),
+                      ", ".join(f"{u.holding.pod} on {u.holding.entity[0]}: {u.used_mib}/{u.holding.share_mib} MiB"
+                                for u in decision.usage) or "no pod on a shared GPU")
         result = RoundResult(decision)
         for action in decision.actions:
             result.done.append((action, self._act(action)))
