@@ -158,3 +158,33 @@ def test_kubelet_and_driver_restarts_between_prepare_and_unprepare(real_node: No
         driver.wait_log("registered with the kubelet")
         delete_pod(cluster, pods[1]["metadata"]["name"], node_ns)  # type: ignore[index]
         until(lambda: not spec_files(real_node, uids[1]), "claim 2 unprepared by the restarted driver")
+
+
+def test_an_mps_shared_claim_serves_two_pods(real_node: NodeSession, node_ns: str) -> None:
+    """One ResourceClaim of class mps.gpu.kubegpu.io used by two pods: both run at once on the same GPU with the
+    claim's MPS pipe directory mounted and its limits in their environment."""
+    cluster = real_node.cluster
+    mps_root = real_node.node.paths.directory / "mps-dra"
+    with running(real_node.dra_driver("--mps-root", str(mps_root), name="dra-mps")) as driver:
+        driver.wait_log("registered with the kubelet")
+        until(lambda: node_slices(real_node), "the driver's ResourceSlices")
+        template = claim_template("mps", node_ns, "mps.gpu.kubegpu.io")
+        cluster.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": "shared-mps", "namespace": node_ns}, "spec": template["spec"]["spec"]})
+        pods = [probe_pod(unique(f"mps{i}"), node_ns, claims=[{"name": "gpu", "resourceClaimName": "shared-mps"}],
+                          script="echo pipe: $(ls -d /mps/pipe)", sleep=600) for i in range(2)]
+        seen = [start_probe(cluster, pod) for pod in pods]
+        claim = cluster.get("ResourceClaim", "shared-mps", node_ns)
+        assert len(claim["status"]["reservedFor"]) == 2
+        uid = claim["metadata"]["uid"]
+        assert (mps_root / f"claim-{uid}" / "pipe").is_dir()
+        for result in seen:
+            assert result.env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
+            assert result.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"  # the class's default
+            assert "pipe: /mps/pipe" in result.log
+        assert seen[0].env["NVIDIA_VISIBLE_DEVICES"] == seen[1].env["NVIDIA_VISIBLE_DEVICES"]
+        for pod in pods:
+            delete_pod(cluster, pod["metadata"]["name"], node_ns)  # type: ignore[index]
+        cluster.delete("ResourceClaim", "shared-mps", node_ns)
+        until(lambda: not spec_files(real_node, uid), "the claim unprepared")
+        until(lambda: not (mps_root / f"claim-{uid}").exists(), "the claim's MPS directories removed")
