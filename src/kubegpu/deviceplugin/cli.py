@@ -216,6 +216,11 @@ def register(app: typer.Typer) -> None:
             check_mps_against_gpus(settings, backend.devices(), source)
             return settings
 
+        stop, reload = threading.Event(), threading.Event()
+        if not oneshot:  # before any daemon starts: a SIGTERM from then on stops them and removes the record
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            signal.signal(signal.SIGHUP, lambda *_: reload.set())  # NVIDIA config-manager's nudge: re-read now
         backend = open_backend(gpu_backend)
         daemons = MpsDaemons(backend, load_config, None if gpu_backend.startswith("sim:") else find_mps_control())
         watched = config or (Path(os.environ["CONFIG_FILE"]) if os.environ.get("CONFIG_FILE") else None)
@@ -227,10 +232,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"MPS limits for {len(plans)} resource(s) recorded in {root / 'kubegpu-mps-limits.json'}")
         if oneshot:
             return
-        stop, reload = threading.Event(), threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGHUP, lambda *_: reload.set())  # NVIDIA config-manager's nudge: re-read now
         if watched is None:  # settings from flags only: nothing to follow
             stop.wait()
             daemons.stop()

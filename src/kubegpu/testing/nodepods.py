@@ -318,6 +318,11 @@ class NodeSession:
                                  str(self.node.paths.cdi_dir), "--node-name", NODE_NAME, "--relist-interval", "0.5",
                                  *extra])
 
+    def gpu_guard(self, *extra: str, name: str = "gpu-guard") -> Agent:
+        """`kubegpu gpu-guard` on the real node: the kubelet's PodResources, the host's /proc, the simulated GPUs."""
+        return self.agent(name, ["gpu-guard", "--gpu-backend", self.node.gpu_backend, "--node-name", NODE_NAME,
+                                 "--pod-resources-socket", str(self.node.paths.pod_resources_socket), *extra])
+
     def dra_driver(self, *extra: str, name: str = "dra-driver") -> Agent:
         """`kubegpu dra-driver` registered with the real kubelet's plugin registry."""
         paths = self.node.paths
