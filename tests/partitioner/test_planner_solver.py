@@ -88,22 +88,17 @@ def test_a_start_that_is_already_optimal_is_proven_without_branching(monkeypatch
     solver = Solver()
     x, y = solver.column(0, 3), solver.column(0, 3)
     solver.row(None, 3.0, [(x, 1.0), (y, 1.0)])
-    runs: list[str] = []
-    original, relax = Lexicographic._run, Lexicographic._relax
+    runs: list[bool] = []
+    original = Lexicographic._run
 
     def spy(self: Lexicographic, *args: Any, **kwargs: Any) -> Any:
-        runs.append("integer" if args[3] else "relaxation")
+        runs.append(args[3])  # integer?
         return original(self, *args, **kwargs)
 
-    def relax_spy(self: Lexicographic, *args: Any, **kwargs: Any) -> Any:
-        runs.append("relaxation")
-        return relax(self, *args, **kwargs)
-
     monkeypatch.setattr(Lexicographic, "_run", spy)
-    monkeypatch.setattr(Lexicographic, "_relax", relax_spy)
     outcome = Lexicographic(solver, [Stage("pods", {x: -1.0, y: -1.0})]).run([2.0, 1.0], time.perf_counter() + 10)
     assert outcome.optimal and outcome.values == [2.0, 1.0]
-    assert runs == ["relaxation"]  # no integer program
+    assert runs == [False]  # only the relaxation
 
 
 def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_pod: MakePod,
@@ -117,16 +112,12 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
             for k in range(80)]
     deadlines: list[float] = []
     starts: list[float] = []
-    original, original_solve, relax = Lexicographic._run, planner_exact.exact_solve, Lexicographic._relax
+    original, original_solve = Lexicographic._run, planner_exact.exact_solve
 
     def spy(self: Lexicographic, cost: Any, lower: Any, upper: Any, integer: bool, deadline: float,
             start: Any = None) -> Any:
         deadlines.append(deadline)
         return original(self, cost, lower, upper, integer, deadline, start)
-
-    def relax_spy(self: Lexicographic, cost: Any, deadline: float) -> Any:
-        deadlines.append(deadline)
-        return relax(self, cost, deadline)
 
     def solve_spy(problem: Any, time_limit: float, started: float | None = None, *args: Any) -> Any:
         assert started is not None  # the budget is counted from the plan call, parsing included
@@ -134,7 +125,6 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
         return original_solve(problem, time_limit, started, *args)
 
     monkeypatch.setattr(Lexicographic, "_run", spy)
-    monkeypatch.setattr(Lexicographic, "_relax", relax_spy)
     monkeypatch.setattr(planner_exact, "exact_solve", solve_spy)
     for limit in (0.2, 5.0):
         deadlines.clear()

@@ -189,8 +189,6 @@ class Lexicographic:
         self.starts = np.array(solver.starts, dtype=np.int32)
         self.index = np.array(solver.index, dtype=np.int32)
         self.value = np.array(solver.value, dtype=np.float64)
-        self._lp: Any = None  # the relaxations' HiGHS instance, kept for the run (see `_relax`)
-        self._lp_rows = 0
 
     def run(self, start: list[float] | None, deadline: float) -> Outcome:
         values = None if start is None else np.array(start, dtype=np.float64)
@@ -244,7 +242,7 @@ class Lexicographic:
         best = math.inf if start is None else float(cost @ start)
         lower, upper = self.lower, self.upper
         bound = -math.inf
-        relaxed = self._relax(cost, deadline)
+        relaxed = self._run(cost, lower, upper, False, deadline)
         if relaxed.kind == "optimal" and relaxed.x is not None:
             bound = relaxed.value
             proven = math.ceil(bound - 1e-4 - 1e-9 * abs(bound))  # the objective is integral
@@ -266,7 +264,7 @@ class Lexicographic:
             guided, around = cost, relaxed.x
             if then.any() and spread * float(np.abs(cost).max(initial=0.0)) < _EXACT:
                 guided = cost * spread + then
-                steered = self._relax(guided, deadline)
+                steered = self._run(guided, lower, upper, False, deadline)
                 if steered.kind == "optimal" and steered.x is not None:
                     around = steered.x
             rounded = np.round(around)
@@ -326,40 +324,6 @@ class Lexicographic:
         optimal = best - bound < 1.0 - 1e-6
         text = "optimal" if optimal else f"{name} stage: {run.status}"
         return _Step(incumbent, StageResult(name, best, best if optimal else bound, optimal), text)
-
-    def _relax(self, cost: Vector, deadline: float) -> _Run:
-        """The linear relaxation of the whole model with this objective, on one HiGHS instance kept for the run: a
-        later relaxation (the steered one, the next stage's, with the rows that keep earlier stages' values added)
-        starts from the previous one's optimal basis instead of from scratch (on 4,096 GPUs, a fraction of the
-        time)."""
-        rows = len(self.row_lower)
-        if self._lp is None:
-            highs = self._lp = self.loader.new()
-            kind = np.full(self.columns, _CONTINUOUS, dtype=np.int32)
-            highs.passModel(self.columns, rows, len(self.index), _ROWWISE, _MINIMIZE, 0.0, cost, self.lower,
-                            self.upper, self.row_lower, self.row_upper, self.starts[:-1], self.index, self.value,
-                            kind)
-        else:
-            highs = self._lp
-            if rows > self._lp_rows:
-                first = int(self.starts[self._lp_rows])
-                highs.addRows(rows - self._lp_rows, self.row_lower[self._lp_rows:], self.row_upper[self._lp_rows:],
-                              len(self.index) - first, (self.starts[self._lp_rows:-1] - first).astype(np.int32),
-                              self.index[first:], self.value[first:])
-            highs.changeColsCost(self.columns, np.arange(self.columns, dtype=np.int32), cost)
-        self._lp_rows = rows
-        highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
-        highs.run()
-        status = highs.getModelStatus()
-        text = highs.modelStatusToString(status)
-        outcome = {highspy.HighsModelStatus.kOptimal: "optimal",
-                   highspy.HighsModelStatus.kInfeasible: "infeasible"}.get(status, "stopped")
-        if highs.getInfo().primal_solution_status != 2:
-            return _Run(outcome, None, math.inf, -math.inf, np.zeros(self.columns), text)
-        solution = highs.getSolution()
-        x = np.array(solution.col_value, dtype=np.float64)
-        value = float(cost @ x)
-        return _Run(outcome, x, value, value, np.array(solution.col_dual, dtype=np.float64), text)
 
     def _run(self, cost: Vector, lower: Vector, upper: Vector, integer: bool, deadline: float,
              start: Vector | None = None) -> _Run:
