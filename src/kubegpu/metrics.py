@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from kubegpu.endpoints import Handler, parse_listen_address, serve
 from kubegpu.errors import ConfigError
-from kubegpu.httpserver import parse_listen_address, serve_wsgi
 
 # DCGM-style output has no `*_created` series, and neither do we.
 disable_created_metrics()
@@ -199,17 +201,60 @@ def readiness_registry(node: str, source: Callable[[], NodeReadiness]) -> Collec
     return registry
 
 
+# ---------------------------------------------------------------------------------------------- gpu-guard
+
+
+class GuardMetrics:
+    """The GPU-memory guard's view (`kubegpu_gpu_guard_*`): each pod's share and use on each shared GPU, what it did
+    and why, what it could not attribute, and MPS clients running without their limit. Per-pod series are replaced
+    every round (a pod that left has none), so the gauges always show the last reading, never a stale pod."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        pod_labels = ["namespace", "pod", "gpu", "gpu_instance"]
+        self.share_bytes = Gauge("kubegpu_gpu_guard_pod_share_bytes",
+                                 "GPU memory a pod may use on a shared GPU: its sharing config's share, or its "
+                                 "kubegpu.io/gpu-memory-limit annotation where smaller.", pod_labels, registry=r)
+        self.used_bytes = Gauge("kubegpu_gpu_guard_pod_used_bytes",
+                                "GPU memory the pod's processes hold on that GPU.", pod_labels, registry=r)
+        self.actions = Counter("kubegpu_gpu_guard_actions",
+                               "Guard actions taken, by kind (evict, kill-process, warn) and reason (over-share, "
+                               "reserve-exhausted).", ["action", "reason"], registry=r)
+        self.unattributed_processes = Gauge("kubegpu_gpu_guard_unattributed_processes",
+                                            "GPU processes no pod holding the GPU could be found for (never acted "
+                                            "on).", ["gpu", "gpu_instance"], registry=r)
+        self.unattributed_bytes = Gauge("kubegpu_gpu_guard_unattributed_bytes",
+                                        "GPU memory those processes hold.", ["gpu", "gpu_instance"], registry=r)
+        self.mps_limit_missing = Gauge("kubegpu_gpu_guard_mps_limit_missing",
+                                       "1 for an MPS client process running without the pinned-memory limit its "
+                                       "pod's slice should give it (a misconfiguration, not a leak).",
+                                       ["namespace", "pod", "gpu", "pid"], registry=r)
+        self.rounds = Counter("kubegpu_gpu_guard_rounds", "Sampling rounds, by result (ok, failed).", ["result"],
+                              registry=r)
+
+    def reset_readings(self) -> None:
+        """Forget the last round's per-pod and per-GPU series before writing this round's."""
+        for gauge in (self.share_bytes, self.used_bytes, self.unattributed_processes, self.unattributed_bytes,
+                      self.mps_limit_missing):
+            gauge.clear()
+
+
 # ---------------------------------------------------------------------------------------------- serving
 
 def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:
     """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one).
 
     `:PORT` listens on every interface, as NVIDIA's `:9400` does, so Prometheus can scrape the pod IP. The server
-    is kubegpu.httpserver's bounded one (real backlog, worker pool, idle timeouts, GET/HEAD only).
+    is kubegpu.endpoints' bounded one (timeouts, header limits, a connection cap, GET/HEAD only); prometheus_client's
+    own aiohttp handler renders (content negotiation, `name[]` filtering, gzip when asked), on every path as its
+    WSGI app did.
     """
     host, port = parse_listen_address(address, flag)
+    # typed for web.Request, uses only what the low-level server's BaseRequest has (query, headers)
+    handler = cast(Handler, make_aiohttp_handler(registry))
     try:
-        server = serve_wsgi(make_wsgi_app(registry), host, port, name="metrics-http")
+        endpoint = serve({"/metrics": handler}, host, port, name="metrics-http", default=handler)
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot listen on {address}: {exc.strerror or exc}") from None
-    return int(server.server_port)
+    return endpoint.port

@@ -15,6 +15,7 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.requirements import Requirements, pod_requirement_options
 from kubegpu.autoscaler.topology import PodTopology, pod_topology
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.kube.selectors import LabelSelector, label_selector
 from kubegpu.scheduling import NodeInfo, container_requests, pod_key, pod_requests
 
 GPU_PREFIX = "nvidia.com/"
@@ -30,23 +31,54 @@ class PendingPod:
     shape: str
     topo: PodTopology | None = None
     rule_key: str = ""   # what decides placement besides the requests (pods with topology terms only)
+    anti_terms: tuple[AntiTerm, ...] = ()  # required hostname anti-affinity, compiled
 
 
-def _anti_affinity_key(pod: Mapping[str, Any]) -> str | None:
-    """Required hostname anti-affinity: pods sharing this key never share a node."""
+@dataclass(frozen=True)
+class AntiTerm:
+    """One required hostname anti-affinity term: pods it selects (namespaces None: in any namespace) repel the pod."""
+
+    selector: LabelSelector
+    namespaces: frozenset[str] | None
+
+
+def _anti_affinity_terms(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pod's required anti-affinity terms on the hostname (other topology keys are not modelled here)."""
     terms = (((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution") or []
-    keys = [json.dumps(t.get("labelSelector") or {}, sort_keys=True) for t in terms
-            if t.get("topologyKey") == L.HOSTNAME_LABEL]
+    return [t for t in terms if t.get("topologyKey") == L.HOSTNAME_LABEL]
+
+
+def _anti_affinity_key(terms: list[Mapping[str, Any]]) -> str | None:
+    """Required hostname anti-affinity: pods sharing this key never share a node."""
+    keys = [json.dumps(t.get("labelSelector") or {}, sort_keys=True) for t in terms]
     return "|".join(sorted(keys)) or None
 
 
-def selector_matches(selector_json: str, labels: Mapping[str, str]) -> bool:
-    for part in selector_json.split("|"):
-        match = json.loads(part).get("matchLabels") or {}
-        if match and all(labels.get(k) == v for k, v in match.items()):
-            return True
-    return False
+def _anti_affinity(pod: Mapping[str, Any], terms: list[Mapping[str, Any]]) -> tuple[AntiTerm, ...]:
+    """Each term's selector (the one matcher, matchExpressions included) and the namespaces it looks at: `namespaces`,
+    else the pod's own; any `namespaceSelector` is read as every namespace — the safe side, since a pod planned onto
+    a node kube-scheduler then refuses stays pending while the autoscaler thinks it is served."""
+    own = str((pod.get("metadata") or {}).get("namespace", "default"))
+    out = []
+    for index, term in enumerate(terms):
+        where = f"pod {pod_key(pod)}: spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        selector = label_selector(term.get("labelSelector"), f"{where}[{index}].labelSelector")
+        if selector is None:  # a null selector selects no pod
+            continue
+        namespaces = None if term.get("namespaceSelector") is not None else \
+            frozenset(str(n) for n in term.get("namespaces") or ()) or frozenset({own})
+        out.append(AntiTerm(selector, namespaces))
+    return tuple(out)
+
+
+def repels(item: PendingPod, other: Mapping[str, Any]) -> bool:
+    """Whether `item`'s required hostname anti-affinity forbids sharing a node with pod `other`."""
+    meta = other.get("metadata") or {}
+    namespace = str(meta.get("namespace", "default"))
+    labels = meta.get("labels") or {}
+    return any((term.namespaces is None or namespace in term.namespaces) and term.selector.matches(labels)
+               for term in item.anti_terms)
 
 
 def prepare_pod(pod: dict[str, Any]) -> PendingPod:
@@ -62,7 +94,9 @@ def prepare_pod(pod: dict[str, Any]) -> PendingPod:
         tolerations = list(spec.get("tolerations") or [])
         if not all(isinstance(t, dict) for t in tolerations):
             raise TypeError("every toleration must be a mapping")
-        anti = _anti_affinity_key(pod)
+        anti_raw = _anti_affinity_terms(pod)
+        anti = _anti_affinity_key(anti_raw)
+        anti_terms = _anti_affinity(pod, anti_raw)
         options = pod_requirement_options(pod)
         shape = json.dumps([sorted(requests.items()), spec.get("nodeSelector"), spec.get("affinity"), tolerations,
                             anti], sort_keys=True, default=str)
@@ -75,7 +109,7 @@ def prepare_pod(pod: dict[str, Any]) -> PendingPod:
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
         raise ConfigError(f"pod {pod_key(pod)}: spec.affinity / nodeSelector / tolerations: cannot be read "
                           f"({type(exc).__name__}: {exc})") from None
-    return PendingPod(pod, requests, options, tolerations, anti, shape, topo, rule_key)
+    return PendingPod(pod, requests, options, tolerations, anti, shape, topo, rule_key, anti_terms)
 
 
 def _reject_negative(pod: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from kubegpu.autoscaler.pending import (
     pod_zones,
     prepare_pod,
     queue_order,
-    selector_matches,
+    repels,
 )
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.templates import (
@@ -274,8 +274,7 @@ class Scheduler:
         assert item.topo is not None
         for info in self.existing:
             labels = (info.node.get("metadata") or {}).get("labels") or {}
-            if item.anti_key and any(selector_matches(item.anti_key, (p.get("metadata") or {}).get("labels") or {})
-                                     for p in info.pods):
+            if item.anti_key and any(repels(item, p) for p in info.pods):
                 continue
             if self._topology.host_verdict(item.topo, info.name) is not Verdict.OK:
                 continue
@@ -309,8 +308,7 @@ class Scheduler:
         for info in self.existing:
             if not pods:
                 break
-            if rep.anti_key and any(selector_matches(rep.anti_key, (p.get("metadata") or {}).get("labels") or {})
-                                    for p in info.pods):
+            if rep.anti_key and any(repels(rep, p) for p in info.pods):
                 continue
             placed = 0
             while placed < len(pods) and fits(pods[placed].pod, info, pods[placed].requests).ok:

@@ -19,6 +19,7 @@ from kubegpu.autoscaler.api import parse_duration
 from kubegpu.autoscaler.provider import NodeClaimNotFoundError
 from kubegpu.autoscaler.state import drain_group, name_of
 from kubegpu.errors import KubegpuError
+from kubegpu.kube.selectors import selects
 from kubegpu.scheduling import is_finished
 
 if TYPE_CHECKING:
@@ -28,24 +29,11 @@ if TYPE_CHECKING:
     from kubegpu.metrics import AutoscalerMetrics
 
 
-def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        value, values = labels.get(expr["key"]), expr.get("values") or []
-        op = expr.get("operator")
-        if (op == "In" and value not in values) or (op == "NotIn" and value in values) \
-                or (op == "Exists" and value is None) or (op == "DoesNotExist" and value is not None):
-            return False
-    return True
-
-
 def matching_pdbs(pod: Mapping[str, Any], pdbs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     meta = pod.get("metadata") or {}
     namespace, labels = meta.get("namespace", "default"), meta.get("labels") or {}
     return [p for p in pdbs if (p.get("metadata") or {}).get("namespace", "default") == namespace
-            and _selector_matches((p.get("spec") or {}).get("selector") or {}, labels)]
+            and selects((p.get("spec") or {}).get("selector"), labels, f"pdb {name_of(p)}: spec.selector")]
 
 
 def _scaled(value: Any, total: int) -> int:

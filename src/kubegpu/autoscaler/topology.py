@@ -21,6 +21,7 @@ from typing import Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.errors import ConfigError
+from kubegpu.kube.selectors import LabelSelector, label_selector
 
 SUPPORTED_KEYS = (L.ZONE_LABEL, L.HOSTNAME_LABEL)
 
@@ -34,39 +35,16 @@ class Verdict(Enum):
 
 
 @dataclass(frozen=True)
-class Selector:
-    """A parsed labelSelector; `None` selectors (which select nothing) are never built."""
-
-    match_labels: tuple[tuple[str, str], ...]
-    expressions: tuple[tuple[str, str, frozenset[str]], ...]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in self.match_labels):
-            return False
-        for key, operator, values in self.expressions:
-            present = key in labels
-            if operator == "In" and not (present and labels[key] in values):
-                return False
-            if operator == "NotIn" and present and labels[key] in values:
-                return False
-            if operator == "Exists" and not present:
-                return False
-            if operator == "DoesNotExist" and present:
-                return False
-        return True
-
-
-@dataclass(frozen=True)
 class Term:
     """One constraint: spread (max_skew set) or affinity (max_skew None), over pods of `namespaces`."""
 
     key: str
-    selector: Selector
+    selector: LabelSelector
     namespaces: frozenset[str]
     max_skew: int | None = None
 
     @property
-    def group(self) -> tuple[str, Selector, frozenset[str]]:
+    def group(self) -> tuple[str, LabelSelector, frozenset[str]]:
         return (self.key, self.selector, self.namespaces)
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
@@ -99,23 +77,9 @@ class PodTopology:
         return json.dumps([repr(self.terms), self.namespace, self.labels])
 
 
-def _selector(raw: Any, where: str) -> Selector | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}.labelSelector: must be a mapping")
-    match = raw.get("matchLabels") or {}
-    if not isinstance(match, Mapping):
-        raise ConfigError(f"{where}.labelSelector.matchLabels: must be a mapping")
-    expressions = []
-    for i, expr in enumerate(raw.get("matchExpressions") or ()):
-        op = expr.get("operator") if isinstance(expr, Mapping) else None
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist") or not isinstance(expr.get("key"), str):
-            raise ConfigError(f"{where}.labelSelector.matchExpressions[{i}]: needs a key and an operator of "
-                              "In, NotIn, Exists, DoesNotExist")
-        expressions.append((expr["key"], op, frozenset(str(v) for v in expr.get("values") or ())))
-    return Selector(tuple(sorted((str(k), str(v)) for k, v in match.items())), tuple(sorted(expressions,
-                                                                                              key=repr)))
+def _selector(raw: Any, where: str) -> LabelSelector | None:
+    """The term's labelSelector; None (a null selector selects nothing) drops the term."""
+    return label_selector(raw, f"{where}.labelSelector")
 
 
 def _spread_terms(spec: Mapping[str, Any], name: str, namespace: str) -> list[Term]:
@@ -168,7 +132,7 @@ class TopologyCounts:
     """Selected pods per domain, for every constraint group of the pods in the pass."""
 
     zones: frozenset[str]
-    counts: dict[tuple[str, Selector, frozenset[str]], dict[str, int]] = field(default_factory=dict)
+    counts: dict[tuple[str, LabelSelector, frozenset[str]], dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def for_pods(cls, zones: Iterable[str], topologies: Iterable[PodTopology | None]) -> TopologyCounts:

@@ -12,6 +12,7 @@ from types import FrameType
 
 import typer
 
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
 from kubegpu.exporter.counters import load_counters
 from kubegpu.exporter.server import Exporter, serve
@@ -20,16 +21,6 @@ from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 
 log = logging.getLogger("kubegpu.exporter")
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """`:9400`, `0.0.0.0:9400`, `[::]:9400` or `127.0.0.1:0` → (host, port); IPv6 hosts lose their brackets."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"--address: expected HOST:PORT such as ':9400', got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port_text)
 
 
 def exporter_command(
@@ -58,7 +49,7 @@ def exporter_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if collect_interval <= 0:
         raise ConfigError(f"--collect-interval: must be a positive number of milliseconds, got {collect_interval}")
-    host, port = parse_address(address)
+    host, port = parse_listen_address(address, "--address")
     counters = load_counters(collectors)
     for warning in counters.warnings:
         log.warning(warning)
@@ -72,7 +63,7 @@ def exporter_command(
     except OSError as exc:
         raise ConfigError(f"--address: cannot listen on {address}: {exc.strerror or exc}") from None
     shown_host = f"[{host}]" if ":" in host else host
-    log.info("serving metrics on http://%s:%d/metrics", shown_host, server.server_port)
+    log.info("serving metrics on http://%s:%d/metrics", shown_host, server.port)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         exporter.stop()
@@ -82,8 +73,7 @@ def exporter_command(
     worker = threading.Thread(target=exporter.run, name="exporter-collect", daemon=True)
     worker.start()
     worker.join()
-    server.shutdown()
-    server.server_close()
+    server.close()
     backend.close()
 
 

@@ -291,17 +291,13 @@ def _selectors(kind: str, label_selector: str | None, field_selector: str | None
 
 def _label_value(operator: str, values: frozenset[str]) -> Any:
     ordered = sorted(values)
-    if operator == "exists":
+    if operator == "Exists":
         return lightkube.operators.exists()
-    if operator == "!":
+    if operator == "DoesNotExist":
         return lightkube.operators.not_exists()
-    if operator == "=":
-        return ordered[0]
-    if operator == "!=":
-        return lightkube.operators.not_equal(ordered[0])
-    if operator == "in":
-        return lightkube.operators.in_(ordered)
-    return lightkube.operators.not_in(ordered)
+    if operator == "In":
+        return ordered[0] if len(ordered) == 1 else lightkube.operators.in_(ordered)
+    return lightkube.operators.not_equal(ordered[0]) if len(ordered) == 1 else lightkube.operators.not_in(ordered)
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubegpu.errors import KubegpuError
+from kubegpu.kube.selectors import parse_label_selector
 from kubegpu.operator import mighandoff, upgrade
 from kubegpu.operator import reconcile as R
 from kubegpu.operator.nodelabels import NFD_GPU_LABELS, has_gpu, node_label_change
@@ -151,13 +152,9 @@ def _owned_by_daemonset(pod: dict[str, Any]) -> bool:
 
 
 def _matches(pod: dict[str, Any], selector: str) -> bool:
-    """`k=v,k2=v2` equality selectors (what upgradePolicy's podSelector fields take); "" matches every pod."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        key, _, value = term.partition("=")
-        if labels.get(key.strip()) != value.strip().lstrip("="):
-            return False
-    return True
+    """upgradePolicy's podSelector fields: label selectors in the API server's string syntax ("" matches every pod),
+    validated when the policy is parsed."""
+    return parse_label_selector(selector).matches((pod.get("metadata") or {}).get("labels") or {})
 
 
 def node_view(policy: ClusterPolicy, node: dict[str, Any], pods: list[dict[str, Any]], namespace: str,

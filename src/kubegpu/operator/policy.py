@@ -17,6 +17,8 @@ from kubegpu.config import model_error_message
 from kubegpu.config.crds import custom_resource_definition
 from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError
+from kubegpu.kube.errors import BadRequest
+from kubegpu.kube.selectors import parse_label_selector
 from kubegpu.sharing.names import GPU_RESOURCE
 
 GROUP = "kubegpu.io"
@@ -87,9 +89,20 @@ class DaemonsetsSpec(ApiModel):
     maxUnavailable: IntOrString = 1
 
 
+def _pod_selector(value: str) -> str:
+    """A label selector in the API server's string syntax, checked by the one matcher that later applies it."""
+    try:
+        parse_label_selector(value)
+    except BadRequest as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
 class WaitForCompletion(ApiModel):
     timeoutSeconds: int = Field(default=0, ge=0)
     podSelector: str = ""
+
+    _selector = field_validator("podSelector")(_pod_selector)
 
 
 class PodDeletion(ApiModel):
@@ -104,6 +117,8 @@ class Drain(ApiModel):
     podSelector: str = ""
     timeoutSeconds: int = Field(default=300, ge=0)
     deleteEmptyDir: bool = False
+
+    _selector = field_validator("podSelector")(_pod_selector)
 
 
 class UpgradePolicy(ApiModel):
@@ -198,7 +213,25 @@ class DisabledComponentSpec(ComponentSpec):
     enabled: bool = False
 
 
+class QuotaSpec(DisabledComponentSpec):
+    """GPU quotas in `kubegpu.io/gpu-memory` (docs/quotas.md): the charge policies, their table and the elastic-quota
+    controller. The table's inputs are here because the device-plugin config is a ConfigMap the render cannot read."""
+
+    defaultGpuModel: str = Field(default="A100-SXM4-80GB",
+                                 description="model charged for nvidia.com/gpu when a pod selects none")
+    replicas: dict[str, int] = Field(default_factory=lambda: {"nvidia.com/gpu.shared": 4},
+                                     description="replicas of each time-sliced / MPS resource, as the nodes' config")
+
+
+GPU_BACKEND_PATTERN = r"^(nvml|sim:/[^\s]+\.json)$"
+
+
 class ClusterPolicySpec(ApiModel):
+    gpuBackend: str = Field(
+        default="nvml", pattern=GPU_BACKEND_PATTERN,
+        description="ours: how the node agents reach the GPUs, as their --gpu-backend flag: 'nvml' (the driver) "
+                    "or 'sim:/ABSOLUTE/node.json' (a simulated node's file on each node, mounted into every node "
+                    "agent: a cluster without GPUs, for demos and tests)")
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
     driver: DriverSpec = Field(default_factory=DriverSpec)
@@ -213,6 +246,8 @@ class ClusterPolicySpec(ApiModel):
     partitioner: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     autoscaler: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     draDriver: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    gpuGuard: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    quota: QuotaSpec = Field(default_factory=QuotaSpec)
 
 
 State = Literal["ready", "notReady", "ignored"]

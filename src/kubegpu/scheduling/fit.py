@@ -12,12 +12,12 @@ works too; it is parsed on every call.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubegpu.errors import ConfigError, NotFoundError
+from kubegpu.kube.selectors import NodeSelectorTerm, node_selector_terms
 from kubegpu.scheduling.pods import is_finished
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.scheduling.requests import pod_requests
@@ -28,53 +28,7 @@ REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_NODE_NAME = "node(s) didn't match the requested node name"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_TOO_MANY_PODS = "Too many pods"
-_LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
-_FIELD_OPERATORS = frozenset({"In", "NotIn"})
 _FIRST_RESOURCES = ("pods", "cpu", "memory", "ephemeral-storage")
-_INTEGER = re.compile(r"^[+-]?[0-9]+$")
-
-
-@dataclass(frozen=True, slots=True)
-class _CompiledExpression:
-    """One matchExpressions/matchFields entry, with its values already turned into a set or a number."""
-
-    key: str
-    operator: str
-    values: frozenset[str]
-    bound: int | None  # the number for Gt/Lt (None when the value is not an integer: never matches)
-
-    def matches(self, value: str | None) -> bool:
-        op = self.operator
-        if op == "In":
-            return value is not None and value in self.values
-        if op == "NotIn":
-            return value is None or value not in self.values
-        if op == "Exists":
-            return value is not None
-        if op == "DoesNotExist":
-            return value is None
-        if value is None or self.bound is None:
-            return False
-        number = _as_int(value)
-        if number is None:
-            return False
-        return number > self.bound if op == "Gt" else number < self.bound
-
-
-@dataclass(frozen=True, slots=True)
-class _Term:
-    """A nodeSelectorTerm: its expressions and fields are ANDed; a term with neither matches nothing."""
-
-    expressions: tuple[_CompiledExpression, ...]
-    fields: tuple[_CompiledExpression, ...]
-
-    def matches(self, labels: Mapping[str, str], node_name: str | None) -> bool:
-        if not self.expressions and not self.fields:
-            return False
-        for requirement in self.expressions:
-            if not requirement.matches(labels.get(requirement.key)):
-                return False
-        return all(requirement.matches(node_name) for requirement in self.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +39,7 @@ class PodRequirements:
     requests: dict[str, float]
     node_name: str | None
     node_selector: tuple[tuple[str, str], ...]
-    affinity_terms: tuple[_Term, ...] | None  # None: the pod has no required node affinity
+    affinity_terms: tuple[NodeSelectorTerm, ...] | None  # None: the pod has no required node affinity
     tolerations: tuple[Mapping[str, Any], ...]
     tolerates_unschedulable: bool
 
@@ -252,7 +206,7 @@ def match_node_selector_terms(
 
     ``node_name`` is what ``matchFields`` on ``metadata.name`` compares; an empty list of terms matches nothing.
     """
-    compiled = _compile_terms(terms, "nodeSelectorTerms")
+    compiled = node_selector_terms(terms, "nodeSelectorTerms")
     return any(term.matches(labels, node_name) for term in compiled)
 
 
@@ -299,54 +253,13 @@ def _matches_affinity(need: PodRequirements, labels: Mapping[str, str], node_nam
     return any(term.matches(labels, node_name) for term in terms)
 
 
-def _required_affinity(spec: Mapping[str, Any], where: str) -> tuple[_Term, ...] | None:
+def _required_affinity(spec: Mapping[str, Any], where: str) -> tuple[NodeSelectorTerm, ...] | None:
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         return None
     path = f"{where}: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    return _compile_terms(required.get("nodeSelectorTerms") or [], path)
-
-
-def _compile_terms(terms: Sequence[Mapping[str, Any]], path: str) -> tuple[_Term, ...]:
-    compiled = []
-    for index, term in enumerate(terms):
-        expressions = tuple(
-            _compile_requirement(item, f"{path}[{index}].matchExpressions[{position}]", _LABEL_OPERATORS)
-            for position, item in enumerate(term.get("matchExpressions") or ())
-        )
-        fields = tuple(
-            _compile_requirement(item, f"{path}[{index}].matchFields[{position}]", _FIELD_OPERATORS)
-            for position, item in enumerate(term.get("matchFields") or ())
-        )
-        for position, requirement in enumerate(fields):
-            if requirement.key != "metadata.name":
-                raise ConfigError(
-                    f"{path}[{index}].matchFields[{position}].key: {requirement.key!r} is not supported "
-                    "(only metadata.name)"
-                )
-        compiled.append(_Term(expressions, fields))
-    return tuple(compiled)
-
-
-def _compile_requirement(item: Mapping[str, Any], path: str, operators: frozenset[str]) -> _CompiledExpression:
-    operator = item.get("operator")
-    if operator not in operators:
-        raise ConfigError(f"{path}.operator: {operator!r} is not one of {', '.join(sorted(operators))}")
-    values = [str(value) for value in item.get("values") or ()]
-    bound = None
-    if operator in ("Gt", "Lt"):
-        if len(values) != 1:
-            raise ConfigError(f"{path}.values: {operator} needs exactly one integer value, got {values}")
-        bound = _as_int(values[0])
-        if bound is None:
-            raise ConfigError(f"{path}.values[0]: {values[0]!r} is not an integer")
-    return _CompiledExpression(str(item.get("key", "")), operator, frozenset(values), bound)
-
-
-def _as_int(text: str) -> int | None:
-    """A base-10 integer as Go's strconv.ParseInt reads it (no spaces or underscores, unlike Python's int())."""
-    return int(text) if _INTEGER.match(text) else None
+    return node_selector_terms(required.get("nodeSelectorTerms") or [], path)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str, str]:
