@@ -31,6 +31,7 @@ COMPONENT_CLIS = (
     "kubegpu.dra.cli",
     "kubegpu.quota.cli",
     "kubegpu.guard.cli",
+    "kubegpu.configmanager.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -59,6 +60,7 @@ COMMAND_COMPONENTS = {
     "sim-node": "kubegpu.gpu.cli",
     "device-plugin": "kubegpu.deviceplugin.cli",
     "mps-control-daemon": "kubegpu.deviceplugin.cli",
+    "config-manager": "kubegpu.configmanager.cli",
     "discover": "kubegpu.discovery.cli",
     "mig-parted": "kubegpu.migmanager.cli",
     "mig-manager": "kubegpu.migmanager.cli",

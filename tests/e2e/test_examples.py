@@ -23,6 +23,7 @@ VALIDATED = {
     "mig-parted.yaml": "mig-parted config",
     "nodepool-gpu.yaml": "NodePool",
     "scenario-small.yaml": "scenario",
+    "scenario-teams.yaml": "scenario",
 }
 PLAN_STATE = EXAMPLES / "plan-state.yaml"  # no validator kind: checked by running `kubegpu plan` on it
 REAL_NODE_PODS = EXAMPLES / "real-node-pods.yaml"  # Kubernetes objects: run on the real node (tests/node)

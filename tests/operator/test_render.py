@@ -104,8 +104,8 @@ def test_default_policy_renders_the_container_stack_in_state_order() -> None:
     assert by_state["pre-requisites"][0]["kind"] == "RuntimeClass"
     workloads = {o["metadata"]["name"]: o for o in objects_of(policy()) if o["kind"] in ("DaemonSet", "Deployment")}
     assert set(workloads) == {"kubegpu-driver", "kubegpu-container-toolkit", "kubegpu-operator-validator",
-                              "kubegpu-device-plugin", "kubegpu-dcgm-exporter", "kubegpu-gpu-feature-discovery",
-                              "kubegpu-mig-manager"}
+                              "kubegpu-device-plugin", "kubegpu-mps-control-daemon", "kubegpu-dcgm-exporter",
+                              "kubegpu-gpu-feature-discovery", "kubegpu-mig-manager"}
     for state in ("state-partitioner", "state-autoscaler", "state-dra-driver", "state-node-status-exporter",
                   "state-gpu-guard", "state-quota"):
         assert by_state[state] == []
@@ -131,7 +131,8 @@ def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barr
         pod = workloads[op.component]["spec"]["template"]["spec"]
         containers = pod["containers"]
         if op.kind == "DaemonSet":
-            assert pod["nodeSelector"] == {f"nvidia.com/gpu.deploy.{op.component}": "true"}
+            assert pod["nodeSelector"] == {f"nvidia.com/gpu.deploy.{op.deploy_as or op.component}": "true",
+                                           **dict(op.node_selector)}
         if op.nvidia_image:
             assert containers[0]["image"].startswith("nvcr.io/nvidia/")
         else:
@@ -147,7 +148,7 @@ def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barr
     assert "rm -f /run/nvidia/validations/*-ready" in validator["containers"][0]["lifecycle"]["preStop"]["exec"][
         "command"][-1]
     plugin = workloads["device-plugin"]["spec"]["template"]["spec"]["containers"][0]
-    assert "--config-file=/etc/kubegpu/device-plugin/time-slicing" in plugin["args"]
+    assert "--config-file=/config/config.yaml" in plugin["args"]  # per-node configs: tests/operator/test_node_config
     assert {"name": "FAIL_ON_INIT_ERROR", "value": "false"} in plugin["env"]
     assert "--no-timestamp" in workloads["gpu-feature-discovery"]["spec"]["template"]["spec"]["containers"][0]["args"]
 
@@ -260,7 +261,7 @@ def test_every_kubegpu_command_line_rendered_is_accepted_by_our_cli() -> None:
             result = runner.invoke(app, [*command[1:], *container.get("args", []), "--help"])
             assert result.exit_code == 0, (obj["metadata"]["name"], container["name"], result.stderr)
             checked += 1
-    assert checked == 16
+    assert checked == 23  # 16 operand and validator lines, the MPS daemon, 3 × config-manager init + sidecar
     helm_args = ["operator", "--namespace=kubegpu", "--skip-crds", "--help"]  # what the chart's Deployment passes
     assert runner.invoke(app, helm_args).exit_code == 0
 

@@ -71,6 +71,7 @@ KINDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
                                    "values": ["NVIDIA-A10G"]}]}]}}}}),
     ("whole-unknown-product", {"nvidia.com/gpu": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "ACME-X"}}),
+    ("whole-catalog-key", {"nvidia.com/gpu": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "L4"}}),
     ("time-slicing", {"nvidia.com/gpu.shared": 3}, {}),
     ("shared-selected", {"nvidia.com/gpu.shared": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}),
     ("mig", {"nvidia.com/mig-1g.10gb": 2}, {}),
@@ -147,3 +148,19 @@ def test_resource_quota_admits_one_a100_of_any_mix_then_refuses(policy: lightkub
     assert "exceeded quota: gpu" in message and f"requested: requests.{MEMORY}=10Gi" in message, message
     assert f"used: requests.{MEMORY}=80Gi" in message and f"limited: requests.{MEMORY}=80Gi" in message, message
     assert len(list(policy.list(Pod, namespace=namespace))) == len(MIXES[mix])
+
+
+def test_limit_range_caps_a_containers_charge(policy: lightkube.Client, namespace: str) -> None:
+    policy.create(codecs.from_dict({"apiVersion": "v1", "kind": "LimitRange",
+                                    "metadata": {"name": "gpu", "namespace": namespace},
+                                    "spec": {"limits": [{"type": "Container", "max": {MEMORY: "40Gi"},
+                                                         "default": {MEMORY: "0"},
+                                                         "defaultRequest": {MEMORY: "0"}}]}}))
+    # without `default: 0` the API server would default it to `max`: every container, GPU or not, charged 40Gi
+    assert stored_charge(create(policy, gpu_pod(namespace, {"nvidia.com/mig-3g.40gb": 1}))) == {
+        "main": (40.0 * GIB,) * 2}
+    assert stored_charge(create(policy, gpu_pod(namespace, {"cpu": "1"}))) == {"main": (0.0, 0.0)}
+    with pytest.raises(lightkube.ApiError) as refused:
+        create(policy, gpu_pod(namespace, {"nvidia.com/mig-7g.80gb": 1}, name="too-big"))
+    message = refused.value.status.message or ""
+    assert f"maximum {MEMORY} usage per Container is 40Gi, but limit is 80Gi" in message, message

@@ -28,6 +28,7 @@ from kubegpu.deviceplugin.health import HealthPolicy, HealthTracker
 from kubegpu.deviceplugin.preferred import PairScore, link_pair_score, numa_pair_score
 from kubegpu.deviceplugin.server import ResourceServer, ServingState, register, socket_name, unhealthy_ids
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import file_identity
 from kubegpu.gpu import standins
 from kubegpu.gpu.backend import responds
 from kubegpu.sharing.cdi import cdi_spec, ensure_stand_ins, write_cdi_spec
@@ -147,6 +148,7 @@ class DevicePluginManager:
         self._relist_stamp: object = None
         self._xid_stamp: object = None
         self._slices_error: str | None = None
+        self._config_seen: object = None  # the config file's identity when it was last read
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -193,6 +195,7 @@ class DevicePluginManager:
 
     async def start(self) -> None:
         """Read config and GPUs, serve every resource and register it. Bad config raises (exit 1 at start-up)."""
+        self._config_seen = self._config_stamp()
         self.config = config_dict(self.load_config())
         self._snapshot = await asyncio.to_thread(self._read_backend)
         self._xid_since = self.clock.now()
@@ -317,6 +320,7 @@ class DevicePluginManager:
 
     async def reload(self) -> bool:
         """Re-read the config; invalid → one log line and the running config stays."""
+        self._config_seen = self._config_stamp()  # taken before reading: a change while reading is seen again
         try:
             config = config_dict(self.load_config())
             listing = self._compute(config, self._snapshot)
@@ -412,16 +416,17 @@ class DevicePluginManager:
 
     async def _watch_config(self, stop: asyncio.Event) -> None:
         path = self.settings.config_file
-        seen = _mtime(path) if path else None
         while not stop.is_set():
             await asyncio.sleep(KUBELET_POLL_S * 3)
             if path is None:
                 return
             current = _mtime(path)
-            if current is not None and current != seen:
-                seen = current
+            if current is not None and current != self._config_seen:  # compared with what was last read
                 log.info("%s changed; reloading", path)
                 await _logged(self.reload)
+
+    def _config_stamp(self) -> object:
+        return _mtime(self.settings.config_file) if self.settings.config_file else None
 
 
 async def _logged(action: Callable[[], Awaitable[Any]]) -> None:
@@ -440,9 +445,5 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_ctime_ns)
 
 
-def _mtime(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
+def _mtime(path: Path) -> tuple[int, int, int] | None:
+    return file_identity(path)  # inode included: a per-node config switch re-points a symlink (configmanager)

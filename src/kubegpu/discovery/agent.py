@@ -168,6 +168,7 @@ def run_discovery(
     interval: float | None,
     oneshot: bool,
     on_error: Callable[[KubegpuError], None] | None = None,
+    wake: threading.Event | None = None,
 ) -> int:
     """Label now, then every `interval` seconds (None: never again) until `stop`; returns the number of passes.
 
@@ -175,6 +176,8 @@ def run_discovery(
     failed pass (an API server blip, a driver hiccup) goes to `on_error` and the next pass tries again, so labels
     already written are not withdrawn for a transient fault. A long-running agent closes its sink on the way out,
     whatever ends the loop (SIGTERM sets `stop`); a oneshot run leaves its labels in place, its whole point.
+    `wake` (set with `stop`, on SIGHUP and when the config file changes) starts the next pass early, so a per-node
+    config switch is labelled (`nvidia.com/mps.capable`, replicas) at once rather than a sleep interval later.
     """
     passes = 0
     try:
@@ -188,7 +191,13 @@ def run_discovery(
                 on_error(exc)
             if oneshot or stop.is_set():
                 return passes
-            if stop.wait(interval):
+            if wake is None:
+                if stop.wait(interval):
+                    return passes
+                continue
+            wake.wait(interval)
+            wake.clear()
+            if stop.is_set():
                 return passes
     finally:
         if not oneshot:

@@ -65,6 +65,7 @@ def register(app: typer.Typer) -> None:
                                                 "limits); without it shares come from the kubelet's device IDs."),
         mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE"),
         pod_resources_socket: Path = typer.Option(Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-socket",
+                                                  "--pod-resources-kubelet-socket",
                                                   envvar="KUBEGPU_POD_RESOURCES_SOCKET",
                                                   help="The kubelet's PodResources socket."),
         proc_root: Path = typer.Option(Path("/proc"), "--proc-root", envvar="KUBEGPU_PROC_ROOT",

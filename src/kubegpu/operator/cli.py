@@ -105,6 +105,23 @@ def crds_command(out_dir: Path | None = typer.Option(None, "--output-dir", "-o")
             typer.echo(str(path), err=True)
 
 
+@operator_app.command("cleanup", help="What `helm uninstall` runs first: delete the ClusterPolicies, wait for the "
+                                         "operands to stop, and take the stack's labels off every Node.")
+def cleanup_command(
+    namespace: str = typer.Option("kubegpu", "--namespace", "-n", envvar="POD_NAMESPACE",
+                                  help="namespace of the operands"),
+    timeout: float = typer.Option(120.0, "--timeout", min=0.0, help="seconds to wait for the operands to stop"),
+) -> None:
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.operator.uninstall import cleanup
+
+    result = cleanup(LightkubeCluster(), namespace, timeout)
+    typer.echo(f"cleanup: deleted ClusterPolicy {', '.join(result.policies) or '(none)'}; operands stopped in "
+               f"{result.waited_s:.0f}s; cleaned {len(result.nodes)} node(s)", err=True)
+    for node, keys in sorted(result.nodes.items()):
+        typer.echo(f"  {node}: removed {', '.join(keys)}", err=True)
+
+
 @operator_app.callback()
 def run_command(
     ctx: typer.Context,

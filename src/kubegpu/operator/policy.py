@@ -223,7 +223,15 @@ class QuotaSpec(DisabledComponentSpec):
                                      description="replicas of each time-sliced / MPS resource, as the nodes' config")
 
 
+GPU_BACKEND_PATTERN = r"^(nvml|sim:/[^\s]+\.json)$"
+
+
 class ClusterPolicySpec(ApiModel):
+    gpuBackend: str = Field(
+        default="nvml", pattern=GPU_BACKEND_PATTERN,
+        description="ours: how the node agents reach the GPUs, as their --gpu-backend flag: 'nvml' (the driver) "
+                    "or 'sim:/ABSOLUTE/node.json' (a simulated node's file on each node, mounted into every node "
+                    "agent: a cluster without GPUs, for demos and tests)")
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
     driver: DriverSpec = Field(default_factory=DriverSpec)

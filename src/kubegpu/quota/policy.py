@@ -8,7 +8,8 @@ model from the node selector or required affinity, sizes read from MIG / MPS nam
 the table. So there is no webhook at all.
 
 * `kubegpu-gpu-memory` (MutatingAdmissionPolicy, pods CREATE): each container that asks for GPU resources and has no
-  `kubegpu.io/gpu-memory` gets its charge in requests and limits (server-side-apply merge, so nothing else moves);
+  `kubegpu.io/gpu-memory` (or 0, what a LimitRange's `default: 0` gives) gets its charge in requests and limits
+  (server-side-apply merge, so nothing else moves);
 * `kubegpu-gpu-memory` (ValidatingAdmissionPolicy): a container whose own value is below its charge is refused with a
   message naming the pod, the container and the right value (a larger value is kept: it is the user's to give);
 * `kubegpu-quota-gate` (MutatingAdmissionPolicy, parameter: the namespace's `ElasticQuota`s): a GPU pod in a namespace
@@ -125,7 +126,8 @@ def _apply(field: str, charges: str, quantities: str) -> str:
     patch = (f"Object.spec.{field}{{name: c.name, resources: Object.spec.{field}.resources{{"
              f"requests: {{'{GPU_MEMORY_RESOURCE}': variables.{quantities}[i]}}, "
              f"limits: {{'{GPU_MEMORY_RESOURCE}': variables.{quantities}[i]}}}}}}")
-    pick = f"variables.{charges}[i] > 0 && !{_owns('c')}"
+    # an own value of 0 counts as none: a LimitRange's `default: 0` gives every container one, GPU or not
+    pick = f"variables.{charges}[i] > 0 && !({_owns('c')} && {_own_value('c')} > 0)"
     return (f"!has(object.spec.{field}) ? Object{{}} : "
             f"Object{{spec: Object.spec{{{field}: object.spec.{field}.transformList(i, c, {pick}, {patch})}}}}")
 

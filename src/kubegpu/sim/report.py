@@ -104,6 +104,15 @@ def _table(report: SimulationReport, results: Sequence[StrategyResult], first: b
             text = _format(value, kind)
             cells.append(f"[bold green]{text}[/]" if best is not None and value == best else text)
         table.add_row(title_text, *cells)
+    for team in report.scenario.teams:  # per team: what it got, how long it waited, how often it was reclaimed
+        for title_text, attr, kind in (("GPU-h", "gpu_hours", "num"), ("wait p50", "pending_p50_s", "dur"),
+                                       ("wait p95", "pending_p95_s", "dur"), ("reclaims", "reclaims", "int")):
+            cells = []
+            for result in results:
+                stats = result.teams.get(team.name)
+                value = float(getattr(stats, attr)) if stats is not None else 0.0
+                cells.append(f"{value:,.1f}" if kind == "num" else _format(value, kind))
+            table.add_row(f"{team.name} {title_text}", *cells)
     return table
 
 

@@ -173,6 +173,7 @@ class SimCore:
     _capacity_version: dict[str, int]
     _failed_at: dict[GpuRequest, int]
     _dirty: bool
+    _teams: Any  # kubegpu.sim.teams.TeamAccount when the scenario has teams, else None
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         raise NotImplementedError
