@@ -1,13 +1,16 @@
 # One image for every kubegpu component; `kubegpu <command>` picks the component (see README's table).
 # Build: docker build -t ghcr.io/kubegpu/kubegpu:0.1.0 .
-FROM python:3.11-slim AS build
+# Without a registry (no python:3.11-slim to pull): scripts/build-image.sh builds it with buildah on a Debian
+# bookworm base made with debootstrap (BASE_IMAGE; Debian 12's python3 is 3.11) and loads it into containerd.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN python -m venv /opt/kubegpu/venv \
+RUN python3 -m venv /opt/kubegpu/venv \
     && /opt/kubegpu/venv/bin/pip install --no-cache-dir .
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="kubegpu" \
       org.opencontainers.image.description="Shareable, fully used GPUs in Kubernetes: all components in one image" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -6,11 +6,18 @@ time-sliced between two pods). It collects every 100 ms, so the scrapes overlap 
 that follows each (the worst case; the default interval is 30 s). Prints p50/p99 scrape latency and RSS, each as a
 ratio against its target (50 ms, 80 MiB), and the p99 against the time bare prometheus_client takes to render the
 same series in this process — the floor any Python exporter sits on.
+
+Then the hostile network (issue 26), each case beside 50 concurrent scrapers (2,000 scrapes, each on a new
+connection): no hostile client (the baseline), 200 connections that send part of a header and wait (reopened when
+closed), 2,000 silent connections, a request trickled one byte per 100 ms, requests with a 1 MiB header. Each row:
+p50/p99, errors, the exporter's RSS, and p99 and RSS as ratios against the baseline row of the same run.
+`--quick`: 50 sequential scrapes and the hostile cases at 400 scrapes from 20 threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -26,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubegpu.gpu.simulated import SimulatedBackend
 from tests.fakes.fake_podresources import FakePodResources
+from tests.fakes.hostile_clients import HeldConnections, HugeHeader, Trickler, raise_fd_limit, scrape_load
 
 P99_TARGET_S = 0.050
 RSS_TARGET_MIB = 80.0
@@ -58,6 +66,48 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def hostile_cases(port: int, pid: int, scrapes: int, threads: int, silent: int, slow: int) -> None:
+    """Each hostile client beside `threads` concurrent scrapers; ratios against the no-hostile baseline."""
+    host = "127.0.0.1"
+    trickle = Trickler(host, port)
+    cases: list[tuple[str, contextlib.AbstractContextManager[object]]] = [
+        ("no hostile client (baseline)", contextlib.nullcontext()),
+        (f"{slow} slow-header connections", HeldConnections(host, port, slow)),
+        (f"{silent} silent connections", HeldConnections(host, port, silent, opening=b"", reconnect=False)),
+        ("1 request trickled 1 B/100 ms", trickle),
+        ("1 MiB header, repeatedly", HugeHeader(host, port)),
+    ]
+    print(f"\nhostile clients, each beside {threads} concurrent scrapers ({scrapes} scrapes, a new connection each); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'case':34s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>7s} {'RSS MiB':>8s} {'p99/base':>9s} "
+          f"{'RSS/base':>9s}")
+    base_p99 = base_rss = 0.0
+    notes = []
+    for name, case in cases:
+        with case as client:
+            time.sleep(1.0)  # let the server take every hostile connection before the scrapes start
+            result = scrape_load(host, port, scrapes, threads)
+            rss = rss_mib(pid)
+            if client is trickle:
+                deadline = time.monotonic() + 15
+                while not trickle.statuses and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                first = trickle.statuses[0] if trickle.statuses else 0
+                notes.append(f"trickled request: {f'HTTP {first}' if first else 'closed unanswered'}")
+            if isinstance(client, HugeHeader):
+                notes.append(f"1 MiB headers: {len(client.statuses)} sent, answered {sorted(set(client.statuses))}")
+            if isinstance(client, HeldConnections):
+                notes.append(f"{name}: {client.opened} opened, {client.closed_by_server} closed by the server")
+        if not base_p99:
+            base_p99, base_rss = result.p99, rss
+        print(f"{name:34s} {result.p50 * 1000:8.1f} {result.p99 * 1000:8.1f} {len(result.errors):7d} {rss:8.1f} "
+              f"{result.p99 / base_p99:9.2f} {rss / base_rss:9.2f}")
+        if result.errors:
+            print(f"    first errors: {result.errors[:3]}")
+    for note in notes:
+        print(f"  {note}")
+
+
 def bare_render_seconds(series_per_metric: int, metrics: int, repeats: int) -> float:
     """p99 time for prometheus_client alone to render the same number of labelled series."""
     registry = CollectorRegistry()
@@ -79,8 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scrapes", type=int, default=500)
     parser.add_argument("--quick", action="store_true", help="50 scrapes")
+    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile-client cases")
     args = parser.parse_args()
     scrapes = 50 if args.quick else args.scrapes
+    raise_fd_limit(8192)  # 2,000 silent connections and the scrapers' sockets
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         assignments = make_node(workdir / "node.json")
@@ -110,6 +162,9 @@ def main() -> None:
                     urllib.request.urlopen(url, timeout=5).read()
                     latencies.append(time.perf_counter() - started)
                 rss = rss_mib(process.pid)
+                if not args.no_hostile:
+                    hostile_cases(port, process.pid, 400 if args.quick else 2000, 20 if args.quick else 50,
+                                  silent=2000, slow=200)
             finally:
                 process.terminate()
                 process.wait(timeout=10)

@@ -407,7 +407,7 @@ def exporter_load(seconds: float, scrapers: int = 50, idle: int = 200, interval:
                                 None, 30.0)  # the manifests' --collect-interval=30000, dcgm-exporter's default
             exporter.collect_once()
             server = serve(exporter, "127.0.0.1", 0)
-            os.write(write_fd, str(server.server_port).encode())
+            os.write(write_fd, str(server.port).encode())
             exporter.run()
         finally:
             os._exit(0)

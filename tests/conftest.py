@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from kubegpu.testing.nodepods import NodeSession
     from kubegpu.testing.session import RealCluster
     from tests.fakes.apiserver import ApiServer
 
@@ -97,8 +98,52 @@ def namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iter
     real_cluster.delete_namespace(name)
 
 
+# ---------------------------------------------------------------- the real node (docs/testing.md, node tier)
+
+
+@pytest.fixture(scope="session")
+def real_node(k8s_binaries: Path, request: pytest.FixtureRequest) -> Iterator[NodeSession]:
+    """A control plane of its own plus containerd and a real kubelet (Node `real-node-0`, 2 simulated A100s in
+    ``real_node.node.node_file``), one per test session; tests using it are marked ``kubelet``. Needs root and the
+    node binaries (`scripts/control-plane.sh build`): without them it skips locally and fails with CI=true. Its own
+    control plane (no kwok node) keeps the real node away from other tests' pods and slices."""
+    import shutil
+    import tempfile
+
+    from kubegpu.testing import controlplane, realnode
+    from kubegpu.testing.nodepods import NodeSession
+    from kubegpu.testing.session import RealCluster
+
+    reason = realnode.unavailable_reason()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"real node unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"real node unavailable: {reason}")
+    directory = Path(tempfile.mkdtemp(prefix="kubegpu-real-node-"))
+    atexit.register(controlplane.down, directory)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        plane = controlplane.up(directory, nodes=0, bins=k8s_binaries, real_node=True,
+                                node_gpus=realnode.DEFAULT_GPUS)
+        yield NodeSession(RealCluster(plane), plane.real_node, directory / "logs")
+    finally:
+        controlplane.down(directory)
+        left = realnode.leftovers(directory)
+        if left:  # `down` must leave no process or mount behind
+            pytest.fail(f"real node left behind: {'; '.join(left)}", pytrace=False)
+        if request.session.testsfailed:
+            print(f"\nreal node logs kept in {directory / 'logs'}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the real control plane carries the `apiserver` marker (select with -m apiserver)."""
+    """Every test that uses the real control plane carries the `apiserver` marker (select with -m apiserver), and
+    every test on the real node the `kubelet` marker (-m kubelet)."""
     for item in items:
-        if {"real_cluster", "k8s_binaries"} & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if {"real_cluster", "k8s_binaries"} & fixtures:
             item.add_marker(pytest.mark.apiserver)
+        if "real_node" in fixtures:
+            item.add_marker(pytest.mark.kubelet)

@@ -30,6 +30,9 @@ COMPONENT_CLIS = (
     "kubegpu.operator.cli",
     "kubegpu.validate.cli",
     "kubegpu.dra.cli",
+    "kubegpu.quota.cli",
+    "kubegpu.guard.cli",
+    "kubegpu.configmanager.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -69,6 +72,7 @@ COMMAND_COMPONENTS = {
     "sim-node": "kubegpu.gpu.cli",
     "device-plugin": "kubegpu.deviceplugin.cli",
     "mps-control-daemon": "kubegpu.deviceplugin.cli",
+    "config-manager": "kubegpu.configmanager.cli",
     "discover": "kubegpu.discovery.cli",
     "mig-parted": "kubegpu.migmanager.cli",
     "mig-manager": "kubegpu.migmanager.cli",
@@ -82,6 +86,8 @@ COMMAND_COMPONENTS = {
     "validate": "kubegpu.validate.cli",
     "dra": "kubegpu.dra.cli",
     "dra-driver": "kubegpu.dra.cli",
+    "quota": "kubegpu.quota.cli",
+    "gpu-guard": "kubegpu.guard.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
 needs them all."""

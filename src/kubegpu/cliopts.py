@@ -28,8 +28,8 @@ import typer
 import yaml
 
 from kubegpu.clock import parse_go_duration
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
-from kubegpu.httpserver import parse_listen_address
 
 FORMATS = ("json", "yaml", "table")
 UNIT_SECONDS = {"ms": 1e-3, "s": 1.0, "h": 3600.0}
@@ -181,6 +181,18 @@ def cdi_root_option(default: Path = Path("/var/run/cdi"), envvar: str | None = N
                     help: str = "Directory where CDI specs are written.") -> Any:
     """`--cdi-root DIR`, the NVIDIA DRA driver's spelling (`--cdi-dir` is a hidden alias where a command had it)."""
     return typer.Option(default, "--cdi-root", envvar=envvar, help=help, metavar="DIR")
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"{value!r} is not one of debug, info, warning, error, critical")
+    return value
+
+
+def log_level_option(default: str = "info") -> Any:
+    """`--log-level`: debug, info, warning, error or critical (any case)."""
+    return checked_option(default, "--log-level", check=_log_level, metavar="LEVEL",
+                          help="Log level: debug, info, warning, error or critical.")
 
 
 def oneshot_option(help: str = "Run one pass and exit.") -> Any:

@@ -40,6 +40,7 @@ __all__ = [
     "CorruptStateError",
     "dumps_checked",
     "dumps_checked_body",
+    "file_identity",
     "load_data_file",
     "load_json_file",
     "load_yaml_file",
@@ -409,6 +410,17 @@ def _sweep_stale_temps(directory: str, name: str) -> None:
             with contextlib.suppress(OSError):
                 if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS:
                     os.unlink(entry.path)
+
+
+def file_identity(path: Path | str) -> tuple[int, int, int] | None:
+    """A cheap "has this file changed?" token (None: absent), following symlinks. The inode is part of it: a durable
+    write replaces the inode, and a per-node config switch re-points a symlink at another file that may have the
+    same size and mtime as the one before (kubegpu.configmanager)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 @contextlib.contextmanager

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from kubegpu.endpoints import Handler, parse_listen_address, serve
 from kubegpu.errors import ConfigError
-from kubegpu.httpserver import parse_listen_address, serve_wsgi
 
 # DCGM-style output has no `*_created` series, and neither do we.
 disable_created_metrics()
@@ -199,17 +201,88 @@ def readiness_registry(node: str, source: Callable[[], NodeReadiness]) -> Collec
     return registry
 
 
+# ---------------------------------------------------------------------------------------------- gpu-guard
+
+
+@dataclass(frozen=True)
+class GuardReading:
+    """One guard round, as its gauges show it: (namespace, pod, gpu, gpu_instance, share bytes, used bytes) per pod
+    and shared GPU; (gpu, gpu_instance, processes, bytes) unattributed; (namespace, pod, gpu, pid) MPS clients without
+    their limit."""
+
+    pods: tuple[tuple[str, str, str, str, float, float], ...] = ()
+    unattributed: tuple[tuple[str, str, float, float], ...] = ()
+    mps_limit_missing: tuple[tuple[str, str, str, str], ...] = ()
+
+
+class GuardMetrics:
+    """The GPU-memory guard's view (`kubegpu_gpu_guard_*`): each pod's share and use on each shared GPU, what it did
+    and why, what it could not attribute, and MPS clients running without their limit. The per-pod gauges are built
+    from the last round's reading at scrape time (a pod that left has no series, and a round on a node of 500 pods
+    does not pay for 1,000 label lookups)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.actions = Counter("kubegpu_gpu_guard_actions",
+                               "Guard actions taken, by kind (evict, kill-process, warn) and reason (over-share, "
+                               "reserve-exhausted, pdb-protected).", ["action", "reason"], registry=r)
+        self.rounds = Counter("kubegpu_gpu_guard_rounds", "Sampling rounds, by result (ok, failed).", ["result"],
+                              registry=r)
+        self.reading = GuardReading()
+        r.register(_GuardReadingCollector(self))
+
+    def set_reading(self, reading: GuardReading) -> None:
+        self.reading = reading  # one reference swap: a scrape sees one whole round
+
+
+class _GuardReadingCollector(Collector):
+    def __init__(self, metrics: GuardMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self.metrics.reading
+        pod_labels = ["namespace", "pod", "gpu", "gpu_instance"]
+        share = GaugeMetricFamily("kubegpu_gpu_guard_pod_share_bytes",
+                                  "GPU memory a pod may use on a shared GPU: its sharing config's share, or its "
+                                  "kubegpu.io/gpu-memory-limit annotation where smaller.", labels=pod_labels)
+        used = GaugeMetricFamily("kubegpu_gpu_guard_pod_used_bytes", "GPU memory the pod's processes hold on that GPU.",
+                                 labels=pod_labels)
+        for namespace, pod, gpu, instance, share_bytes, used_bytes in reading.pods:
+            share.add_metric([namespace, pod, gpu, instance], share_bytes)
+            used.add_metric([namespace, pod, gpu, instance], used_bytes)
+        processes = GaugeMetricFamily("kubegpu_gpu_guard_unattributed_processes",
+                                      "GPU processes no pod holding the GPU could be found for (never acted on).",
+                                      labels=["gpu", "gpu_instance"])
+        held = GaugeMetricFamily("kubegpu_gpu_guard_unattributed_bytes", "GPU memory those processes hold.",
+                                 labels=["gpu", "gpu_instance"])
+        for gpu, instance, count, count_bytes in reading.unattributed:
+            processes.add_metric([gpu, instance], count)
+            held.add_metric([gpu, instance], count_bytes)
+        missing = GaugeMetricFamily("kubegpu_gpu_guard_mps_limit_missing",
+                                    "1 for an MPS client process running without the pinned-memory limit its pod's "
+                                    "slice should give it (a misconfiguration, not a leak).",
+                                    labels=["namespace", "pod", "gpu", "pid"])
+        for labels in reading.mps_limit_missing:
+            missing.add_metric(list(labels), 1.0)
+        yield from (share, used, processes, held, missing)
+
+
 # ---------------------------------------------------------------------------------------------- serving
 
 def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:
     """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one).
 
     `:PORT` listens on every interface, as NVIDIA's `:9400` does, so Prometheus can scrape the pod IP. The server
-    is kubegpu.httpserver's bounded one (real backlog, worker pool, idle timeouts, GET/HEAD only).
+    is kubegpu.endpoints' bounded one (timeouts, header limits, a connection cap, GET/HEAD only); prometheus_client's
+    own aiohttp handler renders (content negotiation, `name[]` filtering, gzip when asked), on every path as its
+    WSGI app did.
     """
     host, port = parse_listen_address(address, flag)
+    # typed for web.Request, uses only what the low-level server's BaseRequest has (query, headers)
+    handler = cast(Handler, make_aiohttp_handler(registry))
     try:
-        server = serve_wsgi(make_wsgi_app(registry), host, port, name="metrics-http")
+        endpoint = serve({"/metrics": handler}, host, port, name="metrics-http", default=handler)
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot listen on {address}: {exc.strerror or exc}") from None
-    return int(server.server_port)
+    return endpoint.port

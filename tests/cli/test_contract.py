@@ -25,7 +25,8 @@ GO_DURATIONS = ("500ms", "60s", "2m", "1h30m")
 DURATION_WORDS = re.compile(r"interval|duration|period|delay|timeout|time-limit")
 # short flags kept because the upstream tool spells them so (dcgm-exporter, nvidia-mig-parted, GFD)
 UPSTREAM_SHORT = {"exporter": {"-a", "-f", "-c", "-k", "-n"}, "mig-parted apply": {"-f", "-c"},
-                  "mig-parted assert": {"-f", "-c"}, "operator render": {"-n"}, "operator": {"-n"}}
+                  "mig-parted assert": {"-f", "-c"}, "operator render": {"-n"}, "operator": {"-n"},
+                  "quota explain": {"-f"}}  # kubectl's -f for the object read
 
 
 def _commands() -> Iterator[tuple[str, Any]]:

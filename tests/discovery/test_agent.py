@@ -239,3 +239,33 @@ def test_a_failed_later_pass_is_reported_and_retried_but_a_failed_first_pass_sto
 
     with pytest.raises(KubegpuError, match="bad config"):
         run_discovery(broken, sink, threading.Event(), 0.0, False, on_error=errors.append)  # type: ignore[arg-type]
+
+
+def test_a_config_switch_is_labelled_at_once_not_a_sleep_interval_later(tmp_path: Path) -> None:
+    """Per-node configs: the config-manager re-points the config link; with a 1 h sleep interval the agent still
+    relabels within a second (`nvidia.com/mps.capable` gates the MPS daemon's DaemonSet)."""
+    node = _node_file(tmp_path, "2xL4")
+    out = tmp_path / "gfd"
+    (tmp_path / "whole").write_text("version: v1\n")
+    (tmp_path / "mps").write_text("version: v1\nflags: {mpsRoot: /run/nvidia/mps}\nsharing:\n  mps:\n    resources:\n"
+                                  "    - name: nvidia.com/gpu\n      replicas: 2\n")
+    config = tmp_path / "config.yaml"
+    os.symlink(tmp_path / "whole", config)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from kubegpu.cli import main; main()", "discover", "--gpu-backend", f"sim:{node}",
+         "--config", str(config), "--sleep-interval", "1h", "--output-file", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(out.exists, process)
+        assert "nvidia.com/mps.capable=false" in out.read_text()
+        os.symlink(tmp_path / "mps", tmp_path / "next")
+        os.replace(tmp_path / "next", config)
+        started = time.monotonic()
+        _wait_for(lambda: "nvidia.com/mps.capable=true" in out.read_text(), process)
+        assert time.monotonic() - started < 5
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

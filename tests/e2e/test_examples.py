@@ -23,12 +23,14 @@ VALIDATED = {
     "mig-parted.yaml": "mig-parted config",
     "nodepool-gpu.yaml": "NodePool",
     "scenario-small.yaml": "scenario",
+    "scenario-teams.yaml": "scenario",
 }
 PLAN_STATE = EXAMPLES / "plan-state.yaml"  # no validator kind: checked by running `kubegpu plan` on it
+REAL_NODE_PODS = EXAMPLES / "real-node-pods.yaml"  # Kubernetes objects: run on the real node (tests/node)
 
 
 def test_every_example_is_accounted_for() -> None:
-    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {*VALIDATED, PLAN_STATE.name}
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {*VALIDATED, PLAN_STATE.name, REAL_NODE_PODS.name}
 
 
 def test_validate_config_accepts_every_example_as_its_kind() -> None:

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from kubegpu.cli import app
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
-from kubegpu.exporter.cli import parse_address
 from kubegpu.exporter.collector import build_families, read_node
 from kubegpu.exporter.counters import load_counters, parse_counters
 from kubegpu.exporter.exposition import render_text
@@ -151,7 +151,7 @@ def test_scrape_serves_the_snapshot_with_dcgm_counter_headers(mig_node: Simulate
     exporter = Exporter(mig_node, load_counters(None), "node-a", PodResourcesClient(tmp_path / "missing.sock"), 30.0)
     server = serve(exporter, "127.0.0.1", 0)
     try:
-        base = f"http://127.0.0.1:{server.server_port}"
+        base = f"http://127.0.0.1:{server.port}"
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"{base}/health")  # no collection yet
         exporter.collect_once()
@@ -174,8 +174,7 @@ def test_scrape_serves_the_snapshot_with_dcgm_counter_headers(mig_node: Simulate
         request = urllib.request.Request(f"{base}/metrics", headers={"Accept": "application/openmetrics-text"})
         assert urllib.request.urlopen(request).read().decode().rstrip().endswith("# EOF")
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def test_pod_resources_over_a_real_socket(mig_node: SimulatedBackend, tmp_path: Path) -> None:
@@ -256,5 +255,5 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     [(":9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::]:9400", ("::", 9400))],
 )
 def test_listen_addresses_like_dcgm_exporters(address: str, expected: tuple[str, int]) -> None:
-    assert parse_address(address) == expected
+    assert parse_listen_address(address, "--address") == expected
 

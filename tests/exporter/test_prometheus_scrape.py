@@ -112,7 +112,7 @@ def test_prometheus_sees_one_series_per_pod_on_a_time_sliced_gpu(tmp_path: Path,
         worker = threading.Thread(target=exporter.run, daemon=True)
         worker.start()
         try:
-            prometheus.start(server.server_port)
+            prometheus.start(server.port)
             result = wait_for(prometheus.port, 'DCGM_FI_DEV_GPU_UTIL{job="kubegpu", namespace="ml"}', 2)
             energy = query(prometheus.port, 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{namespace="ml"}')
             sharing = query(prometheus.port, dashboard_expr("Pods sharing each GPU"))
@@ -120,8 +120,7 @@ def test_prometheus_sees_one_series_per_pod_on_a_time_sliced_gpu(tmp_path: Path,
         finally:
             exporter.stop()
             worker.join(timeout=5)
-            server.shutdown()
-            server.server_close()
+            server.close()
     assert sorted(r["metric"]["pod"] for r in result) == ["serve-a", "serve-b"]
     assert {r["metric"]["vgpu"] for r in result} == {"0", "1"}
     assert {r["metric"]["UUID"] for r in result} == {uuid}

@@ -17,10 +17,12 @@ ClaimAssignment = tuple[str, str, str, str, str, list[str]]
 
 class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, socket_path: Path, assignments: list[Assignment], error: grpc.StatusCode | None = None,
-                 claims: list[ClaimAssignment] | None = None) -> None:
+                 claims: list[ClaimAssignment] | None = None,
+                 allocatable: list[tuple[str, list[str]]] | None = None) -> None:
         self.socket_path = socket_path
         self.assignments = assignments
         self.claims = claims or []
+        self.allocatable = allocatable or []  # (resource name, device ids) GetAllocatableResources answers
         self.error = error  # answer every List with this status instead, as a failing kubelet would
         self.calls = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -33,6 +35,14 @@ class FakePodResources(api_pb2_grpc.PodResourcesListerServicer):
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop(None)
+
+    def GetAllocatableResources(
+        self, request: api_pb2.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocatableResourcesResponse:
+        if self.error is not None:
+            context.abort(self.error, "injected failure")
+        return api_pb2.AllocatableResourcesResponse(
+            devices=[api_pb2.ContainerDevices(resource_name=name, device_ids=ids) for name, ids in self.allocatable])
 
     def List(
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext

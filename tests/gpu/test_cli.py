@@ -230,3 +230,27 @@ def test_reboot_clears_instances_and_processes_and_changes_the_boot(tmp_path: Pa
     assert backend.devices()[0].mig_enabled  # the mode itself persists
     missing = runner.invoke(_app(), ["sim-node", "reboot", str(tmp_path / "none.json")])
     assert missing.exit_code != 0 and isinstance(missing.exception, KubegpuError)
+
+
+def test_set_process_memory_plays_a_leak(tmp_path: Path) -> None:
+    from kubegpu.cli import app
+
+    node = tmp_path / "node.json"
+    backend = SimulatedBackend.create(node, gpus="2xA100-SXM4-80GB")
+    backend.add_process(1, 31337, 1000, name="leaky.py")
+    backend.add_process(1, 7, 40000)
+    grown = runner.invoke(app, ["sim-node", "set-process-memory", str(node), "--pid", "31337", "--memory-mib", "30000"])
+    assert grown.exit_code == 0, grown.output
+    assert "process 31337 on GPU 1 now holds 30000 MiB" in grown.output
+    assert [(p.pid, p.used_memory_mib, p.name) for p in backend.processes(1)] == [(7, 40000, "python"),
+                                                                                  (31337, 30000, "leaky.py")]
+    assert backend.sample(1).memory_free_mib == 81920 - 70000
+    text = node.read_text()
+    for args, words in [
+        (["--pid", "31337", "--memory-mib", "50000"], "pid 31337: 50000 MiB does not fit on GPU 1"),
+        (["--pid", "99", "--memory-mib", "10"], "no process 99 on node sim-node (running: 7, 31337)"),
+    ]:
+        result = runner.invoke(app, ["sim-node", "set-process-memory", str(node), *args])
+        assert result.exit_code == 1, result.output
+        _one_error_line(result.output, words)
+    assert node.read_text() == text

@@ -59,7 +59,7 @@ def test_rendered_objects_validate_strictly(values_file: str | None) -> None:
     values = yaml.safe_load((DATA / values_file).read_text()) if values_file else {}
     objects = rendered(values)
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ClusterPolicy", "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterPolicy", "ClusterRole", "ClusterRoleBinding", "Deployment", "Job", "ServiceAccount"]
     validate_strictly([o for o in objects if o["kind"] != "ClusterPolicy"])
     policy = parse_policy(next(o for o in objects if o["kind"] == "ClusterPolicy"))
     image = values.get("image", {}).get("repository", "ghcr.io/kubegpu/kubegpu")
@@ -117,3 +117,20 @@ def test_dockerfile_one_image_non_root_kubegpu_entrypoint() -> None:
     assert "pip install" in run and " ." in run  # the whole package: every component
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in ignored and "!src/" in ignored and "!deploy/crds/" in ignored
+
+
+def test_uninstall_hook_cleans_up_with_the_operators_account() -> None:
+    """`helm uninstall` runs `kubegpu operator cleanup` first (pre-delete), as the operator's ServiceAccount, whose
+    role may delete ClusterPolicies and patch Nodes; `operator.cleanupOnUninstall: false` leaves it out."""
+    objects = rendered({})
+    [job] = [o for o in objects if o["kind"] == "Job"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert pod["serviceAccountName"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert pod["containers"][0]["args"] == ["operator", "cleanup", "--namespace=gpu-system"]
+    role = next(o for o in objects if o["kind"] == "ClusterRole")
+    assert any("clusterpolicies" in r["resources"] and "delete" in r["verbs"] for r in role["rules"])
+    assert any("nodes" in r["resources"] and "patch" in r["verbs"] for r in role["rules"])
+    assert not [o for o in rendered({"operator": {"cleanupOnUninstall": False}}) if o["kind"] == "Job"]
+

@@ -89,7 +89,7 @@ def test_operator_lifecycle_on_the_real_control_plane(api: LightkubeOperatorApi,
         assert status is not None and status.state == "notReady" and status.reason == "OperandNotReady"
         assert workloads(api, name, namespace) == {
             "kubegpu-driver", "kubegpu-container-toolkit", "kubegpu-operator-validator", "kubegpu-device-plugin",
-            "kubegpu-dcgm-exporter", "kubegpu-mig-manager"}
+            "kubegpu-mps-control-daemon", "kubegpu-dcgm-exporter", "kubegpu-mig-manager"}
         owned = api.list_owned(name, namespace)
         assert all(o["metadata"]["ownerReferences"][0]["name"] == name for o in owned)
         labels = api.client.get(Node, gpu_node).metadata.labels

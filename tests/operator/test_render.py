@@ -37,6 +37,8 @@ def strict_validate(objects: list[dict[str, Any]]) -> int:
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com"):
             continue  # prometheus-operator CRD kind: not in the built-in schemas
+        if obj["kind"].startswith("MutatingAdmissionPolicy"):
+            continue  # GA in 1.36, newer than the schemas here: tests/quota/test_admission.py runs it on 1.37
         for version in VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
         checked += 1
@@ -73,7 +75,7 @@ def test_generated_crd_is_structural_valid_and_on_disk() -> None:
 def test_every_block_has_the_common_fields() -> None:
     schema = model_schema(ClusterPolicySpec)["properties"]
     for name in ("operator", "driver", "toolkit", "devicePlugin", "migManager", "gfd", "dcgmExporter", "validator",
-                 "nodeStatusExporter", "partitioner", "autoscaler", "draDriver"):
+                 "nodeStatusExporter", "partitioner", "autoscaler", "draDriver", "gpuGuard", "quota"):
         assert {"enabled", "image", "version", "imagePullPolicy", "env", "resources", "tolerations",
                 "args"} <= set(schema[name]["properties"]), name
 
@@ -102,9 +104,10 @@ def test_default_policy_renders_the_container_stack_in_state_order() -> None:
     assert by_state["pre-requisites"][0]["kind"] == "RuntimeClass"
     workloads = {o["metadata"]["name"]: o for o in objects_of(policy()) if o["kind"] in ("DaemonSet", "Deployment")}
     assert set(workloads) == {"kubegpu-driver", "kubegpu-container-toolkit", "kubegpu-operator-validator",
-                              "kubegpu-device-plugin", "kubegpu-dcgm-exporter", "kubegpu-gpu-feature-discovery",
-                              "kubegpu-mig-manager"}
-    for state in ("state-partitioner", "state-autoscaler", "state-dra-driver", "state-node-status-exporter"):
+                              "kubegpu-device-plugin", "kubegpu-mps-control-daemon", "kubegpu-dcgm-exporter",
+                              "kubegpu-gpu-feature-discovery", "kubegpu-mig-manager"}
+    for state in ("state-partitioner", "state-autoscaler", "state-dra-driver", "state-node-status-exporter",
+                  "state-gpu-guard", "state-quota"):
         assert by_state[state] == []
     # within a state: ServiceAccount before RBAC before the workload
     kinds = [o["kind"] for o in by_state["state-device-plugin"]]
@@ -114,7 +117,9 @@ def test_default_policy_renders_the_container_stack_in_state_order() -> None:
 def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barriers() -> None:
     p, _ = load(DATA / "everything.yaml")
     objects = objects_of(p)
-    assert strict_validate(objects) == len(objects) - 1  # all but the ServiceMonitor
+    mutating = sum(o["kind"].startswith("MutatingAdmissionPolicy") for o in objects)
+    assert mutating == 4  # the charge and the quota gate, each a policy and a binding
+    assert strict_validate(objects) == len(objects) - 1 - mutating  # all but the ServiceMonitor
     assert any(o["kind"] == "ServiceMonitor" for o in objects)
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -126,7 +131,8 @@ def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barr
         pod = workloads[op.component]["spec"]["template"]["spec"]
         containers = pod["containers"]
         if op.kind == "DaemonSet":
-            assert pod["nodeSelector"] == {f"nvidia.com/gpu.deploy.{op.component}": "true"}
+            assert pod["nodeSelector"] == {f"nvidia.com/gpu.deploy.{op.deploy_as or op.component}": "true",
+                                           **dict(op.node_selector)}
         if op.nvidia_image:
             assert containers[0]["image"].startswith("nvcr.io/nvidia/")
         else:
@@ -142,7 +148,7 @@ def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barr
     assert "rm -f /run/nvidia/validations/*-ready" in validator["containers"][0]["lifecycle"]["preStop"]["exec"][
         "command"][-1]
     plugin = workloads["device-plugin"]["spec"]["template"]["spec"]["containers"][0]
-    assert "--config-file=/etc/kubegpu/device-plugin/time-slicing" in plugin["args"]
+    assert "--config-file=/config/config.yaml" in plugin["args"]  # per-node configs: tests/operator/test_node_config
     assert {"name": "FAIL_ON_INIT_ERROR", "value": "false"} in plugin["env"]
     assert "--no-timestamp" in workloads["gpu-feature-discovery"]["spec"]["template"]["spec"]["containers"][0]["args"]
 
@@ -255,7 +261,7 @@ def test_every_kubegpu_command_line_rendered_is_accepted_by_our_cli() -> None:
             result = runner.invoke(app, [*command[1:], *container.get("args", []), "--help"])
             assert result.exit_code == 0, (obj["metadata"]["name"], container["name"], result.stderr)
             checked += 1
-    assert checked == 14
+    assert checked == 23  # 16 operand and validator lines, the MPS daemon, 3 × config-manager init + sidecar
     helm_args = ["operator", "--namespace=kubegpu", "--skip-crds", "--help"]  # what the chart's Deployment passes
     assert runner.invoke(app, helm_args).exit_code == 0
 
@@ -267,3 +273,20 @@ def test_validate_config_knows_cluster_policies(tmp_path: Path) -> None:
     bad.write_text("apiVersion: kubegpu.io/v1\nkind: ClusterPolicy\nmetadata: {name: x}\nspec: {gfd: {enabled: 3}}\n")
     result = runner.invoke(app, ["validate-config", str(bad)])
     assert result.exit_code == 1 and "spec.gfd.enabled" in result.stderr
+
+
+def test_the_gpu_guard_is_off_by_default_and_on_per_policy_field() -> None:
+    assert not any(o["metadata"]["name"] == "kubegpu-gpu-guard" for o in objects_of(policy()))
+    on = parse_policy({"apiVersion": "kubegpu.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"},
+                       "spec": {"gpuGuard": {"enabled": True, "args": ["--action=kill-process"]}}})
+    guard = next(o for o in objects_of(on) if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "kubegpu-gpu-guard")
+    pod = guard["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    container = pod["containers"][0]
+    assert container["command"] == ["kubegpu", "gpu-guard"]
+    assert "--proc-root=/host/proc" in container["args"] and container["args"][-1] == "--action=kill-process"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/host/proc", "/var/lib/kubelet/pod-resources"} <= mounts
+    rules = next(o for o in objects_of(on)
+                 if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kubegpu-gpu-guard")
+    assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules["rules"]

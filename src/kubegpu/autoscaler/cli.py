@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kubegpu.autoscaler.api import NodePool, parse_nodepool
@@ -150,7 +151,8 @@ def provision_command(
             raise ConfigError(f"{pods}: pod {on_node[0]['metadata']['name']}: spec.nodeName {node_name!r} is not "
                               f"among the --nodes")
     infos = [node_info(n, bound.get(n["metadata"]["name"], [])) for n in existing_nodes]
-    result = run_pass(pools, aws.instance_types if aws else lambda _pool: types, pending, infos)
+    result = run_pass(pools, aws.instance_types if aws else lambda _pool: types, pending, infos,
+                      not_ready=aws.pool_not_ready if aws else None)
     summary = plan_summary(result)
     if aws is not None and launch:
         from kubegpu.autoscaler.aws.cli import launch as launch_claims
@@ -178,8 +180,9 @@ def _print_table(summary: dict[str, Any]) -> None:
                       f"{claim['price']:.4f}", str(len(claim["pods"])))
     console.print(table)
     console.print(f"total ${summary['cost']:.4f}/h")
-    for entry in summary["unschedulable"]:
-        console.print(f"[red]unschedulable[/red] {entry['namespace']}/{entry['pod']}: {entry['reason']}")
+    for entry in summary["unschedulable"]:  # one line each, whatever the width: a reason is read and grepped whole
+        console.print(f"[red]unschedulable[/red] {escape(entry['namespace'])}/{escape(entry['pod'])}: "
+                      f"{escape(entry['reason'])}", soft_wrap=True)
 
 
 def autoscaler_command(

@@ -206,17 +206,23 @@ def _copy_info(info: NodeInfo) -> NodeInfo:
 def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence[InstanceType]],
              pending: Sequence[dict[str, Any]], existing: Sequence[NodeInfo] = (),
              daemonsets: Sequence[dict[str, Any]] = (), usage: Mapping[str, Mapping[str, float]] | None = None,
-             capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue")) -> SchedulingResult:
+             capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue"),
+             not_ready: Callable[[NodePool], str | None] | None = None) -> SchedulingResult:
     """One scheduling pass (pure): used by the controller, `kubegpu provision`, consolidation and the benchmark.
 
     The pass runs once per NodeClaim sizing rule and keeps the result that leaves the fewest pods unschedulable,
     then costs least: sizing for the identical pods at hand wins on large uniform batches, sizing for the whole
-    queue on small mixed ones, and a pass is cheap enough to try both.
+    queue on small mixed ones, and a pass is cheap enough to try both. A pool that `not_ready` gives a reason for
+    (its provider's NodeClass is not ready) launches nothing, and pods left unschedulable are told that reason.
     """
     model = capacity or CapacityModel()
     types: dict[str, Sequence[InstanceType]] = {}
+    unready: dict[str, str] = {}
     for pool in pools:
-        types[pool.name] = types_for(pool)
+        why = not_ready(pool) if not_ready is not None else None
+        if why is not None:
+            unready[pool.name] = why
+        types[pool.name] = [] if why is not None else types_for(pool)
         model.sharing(pool)
     best: SchedulingResult | None = None
     for sizing in sizings:
@@ -226,7 +232,17 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
         if best is None or (len(result.unschedulable), result.cost) < (len(best.unschedulable), best.cost):
             best = result
     assert best is not None
+    if unready:
+        explain_unready(best, len(unready) == len(pools), list(unready.values()))
     return best
+
+
+def explain_unready(result: SchedulingResult, none_ready: bool, reasons: Sequence[str]) -> None:
+    """Pods left unschedulable hear about the pools that launch nothing: only that when no pool is ready (any
+    instance-type reason would mislead), after their own reason otherwise."""
+    told = "; ".join(reasons)
+    for key, why in result.unschedulable.items():
+        result.unschedulable[key] = told if none_ready else f"{why}; {told}"
 
 
 class Provisioner:
@@ -294,7 +310,8 @@ class Provisioner:
         nominated = self.nominations if count_nominated else None
         return run_pass(pools, self.provider.instance_types, pending,
                         existing_infos(snapshot, exclude_nodes, nominated),
-                        snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity)
+                        snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
+                        not_ready=getattr(self.provider, "pool_not_ready", None))
 
     def new_name(self, pool: str, seed: str) -> str:
         self._counter += 1

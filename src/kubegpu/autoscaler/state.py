@@ -11,7 +11,7 @@ from typing import Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.kube import format_timestamp, parse_timestamp
-from kubegpu.scheduling import is_finished
+from kubegpu.scheduling import is_finished, is_scheduling_gated
 
 CREATED_AT_ANNOTATION = "kubegpu.io/created-at"
 LAST_POD_EVENT_ANNOTATION = "kubegpu.io/last-pod-event"
@@ -90,9 +90,10 @@ def is_reschedulable(pod: Mapping[str, Any]) -> bool:
 
 
 def is_provisionable(pod: Mapping[str, Any]) -> bool:
-    """Pending, unbound, not a daemonset pod, not deleting: the pods the provisioner works for."""
+    """Pending, unbound, not gated (a pod waiting for its team's quota needs no node), not a daemonset pod, not
+    deleting: the pods the provisioner works for."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    return (not spec.get("nodeName") and status.get("phase", "Pending") == "Pending"
+    return (not spec.get("nodeName") and status.get("phase", "Pending") == "Pending" and not is_scheduling_gated(pod)
             and not is_daemon_pod(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kubegpu.errors import KubegpuError
 from kubegpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
-from kubegpu.sharing.cdi import CDI_KIND, CONTROL_DEVICES, device_nodes
+from kubegpu.sharing.cdi import CDI_KIND, CONTROL_DEVICES, device_nodes, host_path
 from kubegpu.sharing.devices import AnnotatedDevice
 from kubegpu.sharing.names import SharingKind
 
@@ -39,6 +39,7 @@ class AllocateOptions:
     pass_device_specs: bool = False
     dev_root: str = "/"
     control_devices: tuple[str, ...] = CONTROL_DEVICES  # the adapter drops those absent on the host
+    stand_ins: str | None = None  # a simulated node's stand-in devices (kubegpu.gpu.standins): the host paths
     mps_root: str = "/run/nvidia/mps"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     cdi_kind: str = CDI_KIND
@@ -75,10 +76,10 @@ def _annotation_key(prefix: str, physical_ids: Sequence[str]) -> str:
 
 
 def _device_specs(devices: Sequence[AnnotatedDevice], options: AllocateOptions) -> list[pb.DeviceSpec]:
-    root = options.dev_root.rstrip("/")
     paths = list(options.control_devices)
     paths.extend(dict.fromkeys(node for d in devices for node in device_nodes(d)))
-    return [pb.DeviceSpec(container_path=p, host_path=f"{root}{p}", permissions="rw") for p in paths]
+    return [pb.DeviceSpec(container_path=p, host_path=host_path(p, options.dev_root, options.stand_ins),
+                          permissions="rw") for p in paths]
 
 
 def _mps_parts(resource: str, devices: Sequence[AnnotatedDevice], options: AllocateOptions) -> tuple[

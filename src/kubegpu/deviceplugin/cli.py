@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,14 @@ from kubegpu.cliopts import (
     choice_option,
     duration_option,
     legacy_alias,
+    log_level_option,
     metrics_address_option,
     oneshot_option,
 )
 from kubegpu.config.deviceplugin import DEVICE_LIST_STRATEGIES
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import KubegpuError
 from kubegpu.gpu.options import gpu_backend_option
-from kubegpu.httpserver import parse_listen_address
 
 log = logging.getLogger("kubegpu.deviceplugin")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -40,16 +42,9 @@ def _device_list_strategy(value: str) -> str:
     return value
 
 
-def _log_level(value: str) -> str:
-    if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ValueError(f"{value!r} is not one of debug, info, warning, error, critical")
-    return value
-
-
 _CONFIG = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1).")
 _MPS_ROOT = typer.Option(None, "--mps-root", help="Directory for the MPS daemons' pipe and log directories.")
-_LOG_LEVEL = checked_option("info", "--log-level", check=_log_level,
-                            help="Log level: debug, info, warning, error or critical.")
+_LOG_LEVEL = log_level_option()
 
 
 def _flags(**given: Any) -> dict[str, object]:
@@ -238,36 +233,41 @@ def register(app: typer.Typer) -> None:
         oneshot: bool = oneshot_option("Configure, record and exit instead of waiting."),
         log_level: str = _LOG_LEVEL,
     ) -> None:
-        """Start and configure nvidia-cuda-mps-control per MPS resource (records the limits on a sim node)."""
+        """Start and configure nvidia-cuda-mps-control per MPS resource (records the limits on a sim node); without
+        --oneshot, follow the config file (a per-node config switch) until SIGTERM."""
         from kubegpu.config.deviceplugin import check_mps_against_gpus, effective_device_plugin_config
-        from kubegpu.deviceplugin.mps import MpsControl, find_mps_control, plans_for
+        from kubegpu.deviceplugin.mps import find_mps_control
+        from kubegpu.deviceplugin.mpsdaemon import MpsDaemons
         from kubegpu.gpu.backend import open_backend
 
         _setup_logging(log_level)
-        settings = effective_device_plugin_config(config, dict(os.environ), _flags(mps_root=mps_root))
+        flags = _flags(mps_root=mps_root)
+        source = str(config or os.environ.get("CONFIG_FILE") or "config")
+
+        def load_config() -> Any:
+            # the plugin refuses this config on these GPUs (MPS with MIG, too many clients): start no daemon for it
+            settings = effective_device_plugin_config(config, dict(os.environ), flags)
+            check_mps_against_gpus(settings, backend.devices(), source)
+            return settings
+
+        stop, reload = threading.Event(), threading.Event()
+        if not oneshot:  # before any daemon starts: a SIGTERM from then on stops them and removes the record
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            signal.signal(signal.SIGHUP, lambda *_: reload.set())  # NVIDIA config-manager's nudge: re-read now
         backend = open_backend(gpu_backend)
-        gpus = backend.devices()
-        # the plugin refuses this config on these GPUs (MPS with MIG, too many clients): start no daemon for it
-        check_mps_against_gpus(settings, gpus, str(config or "config"))
-        mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
-        plans = plans_for(gpus, mig, settings)
-        if not plans:
-            raise KubegpuError(f"{config or 'config'}: sharing.mps: no MPS-shared resources configured")
-        binary = None if gpu_backend.startswith("sim:") else find_mps_control()
-        control = MpsControl(Path(settings.flags.mps_root or "/run/nvidia/mps"), binary)
-        recorded = control.record(plans)
-        started = control.start(plans)
-        applied = " and applied" if started else ""
-        typer.echo(f"MPS limits for {len(plans)} resource(s) recorded in {recorded}{applied}")
+        daemons = MpsDaemons(backend, load_config, None if gpu_backend.startswith("sim:") else find_mps_control())
+        watched = config or (Path(os.environ["CONFIG_FILE"]) if os.environ.get("CONFIG_FILE") else None)
+        root, plans = daemons.desired()
+        if not plans and (oneshot or watched is None):
+            raise KubegpuError(f"{source}: sharing.mps: no MPS-shared resources configured")
+        daemons.apply()
+        if plans:
+            typer.echo(f"MPS limits for {len(plans)} resource(s) recorded in {root / 'kubegpu-mps-limits.json'}")
         if oneshot:
             return
-        asyncio.run(_wait_for_term())
-        control.stop(plans)
-
-
-async def _wait_for_term() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        if watched is None:  # settings from flags only: nothing to follow
+            stop.wait()
+            daemons.stop()
+            return
+        daemons.follow(watched, stop, reload)

@@ -28,8 +28,10 @@ from kubegpu.deviceplugin.health import HealthPolicy, HealthTracker
 from kubegpu.deviceplugin.preferred import PairScore, link_pair_score, numa_pair_score
 from kubegpu.deviceplugin.server import ResourceServer, ServingState, register, socket_name, unhealthy_ids
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import file_identity
+from kubegpu.gpu import standins
 from kubegpu.gpu.backend import responds
-from kubegpu.sharing.cdi import cdi_spec, write_cdi_spec
+from kubegpu.sharing.cdi import cdi_spec, ensure_stand_ins, write_cdi_spec
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
     config_dict,
@@ -64,8 +66,10 @@ class PluginSettings:
     control_devices: tuple[str, ...] = CONTROL_DEVICES
 
 
-def allocate_options(config: Mapping[str, Any], control_devices: Sequence[str] = CONTROL_DEVICES) -> AllocateOptions:
-    """The Allocate-relevant part of the merged config, in NVIDIA's shape."""
+def allocate_options(config: Mapping[str, Any], control_devices: Sequence[str] = CONTROL_DEVICES,
+                     stand_ins: str | None = None) -> AllocateOptions:
+    """The Allocate-relevant part of the merged config, in NVIDIA's shape; ``stand_ins``: a simulated node's
+    stand-in device directory (`kubegpu.gpu.standins`), which device specs then name as host paths."""
     flags = config.get("flags") or {}
     plugin = flags.get("plugin") or {}
     strategies = plugin.get("deviceListStrategy") or ["envvar"]
@@ -83,6 +87,7 @@ def allocate_options(config: Mapping[str, Any], control_devices: Sequence[str] =
         pass_device_specs=bool(plugin.get("passDeviceSpecs", False)),
         dev_root=str(flags.get("nvidiaDevRoot") or flags.get("nvidiaDriverRoot") or "/"),
         control_devices=tuple(control_devices),
+        stand_ins=stand_ins,
         mps_root=str(flags.get("mpsRoot") or "/run/nvidia/mps"),
         cdi_annotation_prefix=str(plugin.get("cdiAnnotationPrefix") or "cdi.k8s.io/"),
         fail_requests_greater_than_one=sharing_spec(config).fail_requests_greater_than_one,
@@ -129,6 +134,8 @@ class DevicePluginManager:
         self.clock = clock or RealClock()
         self.tracker = HealthTracker(health)
         self.pair_score = pair_score or topology_pair_score(backend)
+        stand_in_dir = standins.for_backend(backend)
+        self.stand_ins = str(stand_in_dir) if stand_in_dir is not None else None
         self.config: dict[str, Any] = {}
         self.servers: dict[str, ResourceServer] = {}
         self.listing: dict[str, list[AnnotatedDevice]] = {}
@@ -141,6 +148,7 @@ class DevicePluginManager:
         self._relist_stamp: object = None
         self._xid_stamp: object = None
         self._slices_error: str | None = None
+        self._config_seen: object = None  # the config file's identity when it was last read
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -178,7 +186,7 @@ class DevicePluginManager:
         return ServingState(
             devices=devices,
             unhealthy=unhealthy_ids(devices, self.tracker.unhealthy),
-            options=allocate_options(self.config, self.settings.control_devices),
+            options=allocate_options(self.config, self.settings.control_devices, self.stand_ins),
             policy=str(plugin.get("sharedDevicesAllocationPolicy") or "distributed"),
             pair_score=self.pair_score,
         )
@@ -187,6 +195,7 @@ class DevicePluginManager:
 
     async def start(self) -> None:
         """Read config and GPUs, serve every resource and register it. Bad config raises (exit 1 at start-up)."""
+        self._config_seen = self._config_stamp()
         self.config = config_dict(self.load_config())
         self._snapshot = await asyncio.to_thread(self._read_backend)
         self._xid_since = self.clock.now()
@@ -220,12 +229,20 @@ class DevicePluginManager:
             await self._register(resource)
 
     def _write_cdi(self) -> None:
-        options = allocate_options(self.config)
-        if self.settings.cdi_dir is None or not {"cdi-annotations", "cdi-cri"} & set(options.device_list_strategies):
+        """The CDI spec of every advertised device (CDI strategies), and on a simulated node the stand-in devices
+        any spec or device spec names, so the container runtime finds each host path it is handed."""
+        options = allocate_options(self.config, stand_ins=self.stand_ins)
+        cdi = self.settings.cdi_dir is not None and bool({"cdi-annotations", "cdi-cri"} & set(
+            options.device_list_strategies))
+        if not cdi and not (self.stand_ins is not None and options.pass_device_specs):
             return
         devices = [d for ds in self.listing.values() for d in ds]
+        spec = cdi_spec(devices, options.cdi_kind, options.dev_root, self.stand_ins)
         try:
-            write_cdi_spec(self.settings.cdi_dir, cdi_spec(devices, options.cdi_kind, options.dev_root))
+            if cdi and self.settings.cdi_dir is not None:
+                write_cdi_spec(self.settings.cdi_dir, spec, self.stand_ins)
+            else:
+                ensure_stand_ins(spec, self.stand_ins)
         except KubegpuError as exc:
             log.error("%s", exc)
 
@@ -303,6 +320,7 @@ class DevicePluginManager:
 
     async def reload(self) -> bool:
         """Re-read the config; invalid → one log line and the running config stays."""
+        self._config_seen = self._config_stamp()  # taken before reading: a change while reading is seen again
         try:
             config = config_dict(self.load_config())
             listing = self._compute(config, self._snapshot)
@@ -398,16 +416,17 @@ class DevicePluginManager:
 
     async def _watch_config(self, stop: asyncio.Event) -> None:
         path = self.settings.config_file
-        seen = _mtime(path) if path else None
         while not stop.is_set():
             await asyncio.sleep(KUBELET_POLL_S * 3)
             if path is None:
                 return
             current = _mtime(path)
-            if current is not None and current != seen:
-                seen = current
+            if current is not None and current != self._config_seen:  # compared with what was last read
                 log.info("%s changed; reloading", path)
                 await _logged(self.reload)
+
+    def _config_stamp(self) -> object:
+        return _mtime(self.settings.config_file) if self.settings.config_file else None
 
 
 async def _logged(action: Callable[[], Awaitable[Any]]) -> None:
@@ -426,9 +445,5 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_ctime_ns)
 
 
-def _mtime(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
+def _mtime(path: Path) -> tuple[int, int, int] | None:
+    return file_identity(path)  # inode included: a per-node config switch re-points a symlink (configmanager)

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +24,9 @@ from kubegpu.discovery.labels import (
 )
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import CorruptStateError, read_text, write_durable
+from kubegpu.sharing.charges import ChargeTable, node_gpu_memory, quantity_of_bytes
+from kubegpu.sharing.devices import allocatable
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuBackend
@@ -46,6 +49,38 @@ def discover_labels(backend: GpuBackend, config: object, machine: str | None, no
     gpus = sorted(backend.devices(), key=lambda g: g.index)
     mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
     return compute_labels(gpus, mig, config, backend.driver_version(), backend.cuda_driver_version(), machine, now)
+
+
+def discover_gpu_memory(backend: GpuBackend, config: object,
+                        mps_slices: Mapping[int, Sequence[int]] | None = None) -> int:
+    """The node's `kubegpu.io/gpu-memory` capacity: what the GPU resources the device plugin advertises for this config
+    (and the partition agent's MPS slices) are charged (`kubegpu.sharing.charges`), so the real scheduler's fit on
+    the charge agrees with its fit on the GPU resources."""
+    gpus = sorted(backend.devices(), key=lambda g: g.index)
+    mig = {g.index: backend.mig_devices(g.index) for g in gpus if g.mig_enabled}
+    advertised = allocatable(gpus, mig, config, mps_slices)
+    product = gpus[0].product_name.replace(" ", "-") if gpus else None
+    return node_gpu_memory(advertised, product, ChargeTable.from_device_plugin_config(config))
+
+
+class NodeCapacityWriter:
+    """`kubegpu.io/gpu-memory` in the Node's status capacity and allocatable — an extended resource no device plugin
+    serves (a byte is not a device), written as Kubernetes documents for node-level extended resources. The kubelet
+    keeps extended resources it does not manage; a change is written only when the value differs."""
+
+    def __init__(self, cluster: Cluster, node_name: str) -> None:
+        self.cluster = cluster
+        self.node_name = node_name
+
+    def write(self, gpu_memory: int) -> bool:
+        value = quantity_of_bytes(gpu_memory)
+        status = self.cluster.get("Node", self.node_name).get("status") or {}
+        if all((status.get(part) or {}).get(GPU_MEMORY_RESOURCE) == value for part in ("capacity", "allocatable")):
+            return False
+        self.cluster.patch("Node", self.node_name, {"status": {"capacity": {GPU_MEMORY_RESOURCE: value},
+                                                               "allocatable": {GPU_MEMORY_RESOURCE: value}}},
+                           subresource="status")
+        return True
 
 
 class LabelSink(Protocol):
@@ -133,6 +168,7 @@ def run_discovery(
     interval: float | None,
     oneshot: bool,
     on_error: Callable[[KubegpuError], None] | None = None,
+    wake: threading.Event | None = None,
 ) -> int:
     """Label now, then every `interval` seconds (None: never again) until `stop`; returns the number of passes.
 
@@ -140,6 +176,8 @@ def run_discovery(
     failed pass (an API server blip, a driver hiccup) goes to `on_error` and the next pass tries again, so labels
     already written are not withdrawn for a transient fault. A long-running agent closes its sink on the way out,
     whatever ends the loop (SIGTERM sets `stop`); a oneshot run leaves its labels in place, its whole point.
+    `wake` (set with `stop`, on SIGHUP and when the config file changes) starts the next pass early, so a per-node
+    config switch is labelled (`nvidia.com/mps.capable`, replicas) at once rather than a sleep interval later.
     """
     passes = 0
     try:
@@ -153,7 +191,13 @@ def run_discovery(
                 on_error(exc)
             if oneshot or stop.is_set():
                 return passes
-            if stop.wait(interval):
+            if wake is None:
+                if stop.wait(interval):
+                    return passes
+                continue
+            wake.wait(interval)
+            wake.clear()
+            if stop.is_set():
                 return passes
     finally:
         if not oneshot:

@@ -96,9 +96,10 @@ def register(app: typer.Typer) -> None:
         interval = sleep_interval_seconds(config.flags.gfd.sleep_interval)
         if kubernetes and not node_name:
             raise OptionError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
-        source = str(config_file or os.environ.get("CONFIG_FILE") or "config")
+        watched = config_file or (Path(os.environ["CONFIG_FILE"]) if os.environ.get("CONFIG_FILE") else None)
+        source = str(watched or "config")
         _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None, source,
-             health_quiet_period)
+             health_quiet_period, watched)
 
 
 def _run(
@@ -109,17 +110,21 @@ def _run(
     node_name: str | None,
     source: str = "config",
     health_quiet_period: float = DEFAULT_QUIET_PERIOD_S,
+    watched: Path | None = None,
 ) -> None:
     """The agent: where the labels go and when come from the first config; each pass re-reads the file, so an
-    edited config (sharing, MIG strategy) is labelled at the next pass without a restart; SIGHUP is harmless.
+    edited config (sharing, MIG strategy) is labelled without a restart: at once when `watched` (the config file,
+    or what its symlink points at) changes or on SIGHUP, else at the next pass.
     On a Node (--kubernetes) each pass also brings the `AcceleratedHardwareReady` condition up to date."""
     from kubegpu.clock import RealClock
     from kubegpu.config.deviceplugin import check_mps_against_gpus
     from kubegpu.discovery.agent import (
         FeatureFileSink,
         LabelSink,
+        NodeCapacityWriter,
         NodeLabelSink,
         StdoutSink,
+        discover_gpu_memory,
         discover_labels,
         read_machine_type,
         run_discovery,
@@ -127,17 +132,21 @@ def _run(
     from kubegpu.discovery.health import CONDITION_TYPE as CONDITION
     from kubegpu.discovery.health import NodeConditionReporter
     from kubegpu.gpu.backend import open_backend
+    from kubegpu.sharing.mps import read_slices
+    from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
     gfd = config.flags.gfd
     backend = open_backend(backend_spec)
     clock = RealClock()
     sink: LabelSink
     reporter: NodeConditionReporter | None = None
+    capacity: NodeCapacityWriter | None = None
     if node_name:
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
 
         cluster = LightkubeCluster()
         sink = NodeLabelSink(cluster, node_name)
+        capacity = NodeCapacityWriter(cluster, node_name)
         reporter = NodeConditionReporter(cluster, node_name, backend, clock, health_quiet_period)
         target = f"node {node_name}"
     elif gfd.output_file == "-":
@@ -145,10 +154,17 @@ def _run(
     else:
         sink = FeatureFileSink(gfd.output_file)
         target = gfd.output_file
-    stop = threading.Event()
+    stop, wake = threading.Event(), threading.Event()
+
+    def finish(*_: object) -> None:
+        stop.set()
+        wake.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: None)  # config-manager's "reload": the next pass re-reads the file
+        signal.signal(signum, finish)
+    signal.signal(signal.SIGHUP, lambda *_: wake.set())  # config-manager's "reload": a pass now
+    if watched is not None:  # a per-node config switch or a ConfigMap edit: a pass now, not a sleep interval later
+        threading.Thread(target=_watch_file, args=(watched, wake, stop), daemon=True).start()
     first = [config]
 
     def read_labels() -> dict[str, str]:
@@ -156,6 +172,13 @@ def _run(
         check_mps_against_gpus(current, backend.devices(), source)  # GFD refuses MPS with MIG, as the plugin does
         machine = read_machine_type(gfd.machine_type_file)
         labels = discover_labels(backend, current, machine, None if gfd.no_timestamp else clock.now())
+        if capacity is not None:
+            try:  # as the condition: labels first, a missing grant or a bad slices file must not stop them
+                slices_file = os.environ.get("KUBEGPU_MPS_SLICES_FILE")
+                slices = read_slices(Path(slices_file)) if slices_file else None
+                capacity.write(discover_gpu_memory(backend, current, slices))
+            except KubegpuError as exc:
+                typer.echo(f"warning: {GPU_MEMORY_RESOURCE} capacity not updated: {exc}", err=True)
         if reporter is not None:
             try:  # labels matter more than the condition: a missing nodes/status grant must not stop labelling
                 reporter.report()
@@ -165,7 +188,19 @@ def _run(
 
     try:
         passes = run_discovery(read_labels, sink, stop, interval, gfd.oneshot,
-                               on_error=lambda exc: typer.echo(f"warning: labelling pass failed: {exc}", err=True))
+                               on_error=lambda exc: typer.echo(f"warning: labelling pass failed: {exc}", err=True),
+                               wake=wake)
     finally:
         backend.close()
     typer.echo(f"discover: {passes} labelling pass(es) written to {target}", err=True)
+
+
+def _watch_file(path: Path, wake: threading.Event, stop: threading.Event, poll: float = 0.5) -> None:
+    from kubegpu.files import file_identity
+
+    seen = file_identity(path)
+    while not stop.wait(poll):
+        current = file_identity(path)
+        if current != seen:
+            seen = current
+            wake.set()

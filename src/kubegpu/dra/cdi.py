@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubegpu.dra.config import Sharing
 from kubegpu.dra.devices import Placement
 from kubegpu.errors import KubegpuError
 from kubegpu.files import write_durable
 from kubegpu.gpu.backend import MigDevice
-from kubegpu.sharing.cdi import CDI_VERSION, CONTROL_DEVICES, device_nodes
+from kubegpu.sharing.cdi import CDI_VERSION, CONTROL_DEVICES, device_node, device_nodes, ensure_stand_ins
+from kubegpu.sharing.claimconfig import Sharing
 from kubegpu.sharing.devices import AnnotatedDevice
 from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, GpuLimits, MpsPlan
 
@@ -90,9 +90,10 @@ def _mps_mounts(plan: MpsPlan, mps_root: str) -> list[dict[str, Any]]:
 
 
 def claim_spec(claim_uid: str, devices: Sequence[tuple[str, Placement, MigDevice | None, Sharing]],
-               minors: Mapping[int, int], dev_root: str = "/", mps_root: str = DEFAULT_MPS_ROOT) -> dict[str, Any]:
-    """The CDI spec of one claim; `minors`: GPU index → /dev/nvidia<minor>."""
-    root = dev_root.rstrip("/")
+               minors: Mapping[int, int], dev_root: str = "/", mps_root: str = DEFAULT_MPS_ROOT,
+               stand_ins: str | None = None) -> dict[str, Any]:
+    """The CDI spec of one claim; `minors`: GPU index → /dev/nvidia<minor>; `stand_ins`: a simulated node's
+    stand-in device directory, named as every node's host path (`kubegpu.sharing.cdi.host_path`)."""
     plan = mps_plan(claim_uid, devices, mps_root)
     entries = []
     for name, placement, mig, _ in devices:
@@ -100,16 +101,18 @@ def claim_spec(claim_uid: str, devices: Sequence[tuple[str, Placement, MigDevice
                                     mig=mig, replica=None, replicas=1, numa_node=None,
                                     physical_id=mig.uuid if mig else placement.gpu_uuid,
                                     minor=minors.get(placement.gpu_index, -1))
-        nodes = [{"path": node, "hostPath": f"{root}{node}"} for node in device_nodes(annotated)]
+        nodes = [device_node(node, dev_root, stand_ins) for node in device_nodes(annotated)]
         entries.append({"name": f"{claim_uid}-{name}", "containerEdits": {"deviceNodes": nodes}})
     edits: dict[str, Any] = {"env": _environment(devices, plan),
-                             "deviceNodes": [{"path": p, "hostPath": f"{root}{p}"} for p in CONTROL_DEVICES]}
+                             "deviceNodes": [device_node(p, dev_root, stand_ins) for p in CONTROL_DEVICES]}
     if plan is not None:
         edits["mounts"] = _mps_mounts(plan, mps_root)
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": entries, "containerEdits": edits}
 
 
-def write_claim_spec(root: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+def write_claim_spec(root: Path, claim_uid: str, spec: dict[str, Any], stand_ins: str | None = None) -> Path:
+    """Write one claim's spec (compact, atomically), after making the simulated node's stand-ins it names."""
+    ensure_stand_ins(spec, stand_ins)
     target = spec_path(root, claim_uid)
     try:
         root.mkdir(parents=True, exist_ok=True)

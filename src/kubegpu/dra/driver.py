@@ -16,6 +16,7 @@ serialized (one lock): prepare is fast, and GPU reconfiguration must not interle
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,10 +33,11 @@ from kubegpu.dra.cdi import (
     write_claim_spec,
 )
 from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
-from kubegpu.dra.config import Sharing, sharing_by_request
 from kubegpu.dra.devices import DRIVER, GpuOffer, Placement, gpu_offers, placements_by_name, read_node
 from kubegpu.errors import KubegpuError
+from kubegpu.gpu import standins
 from kubegpu.gpu.backend import GpuBackend, GpuBackendError, MigDevice
+from kubegpu.sharing.claimconfig import Sharing, sharing_by_request
 from kubegpu.sharing.mps import DEFAULT_MPS_ROOT, MpsPlan
 from kubegpu.sharing.mps_control import MpsControl, record_limits
 
@@ -86,6 +88,8 @@ class DraDriver:
         self.plugin_dir = plugin_dir
         self.mps_root = mps_root
         self.mps = MpsControl(Path(mps_root), mps_binary)
+        stand_in_dir = standins.for_backend(backend)  # a simulated node's stand-in /dev nodes, for its CDI specs
+        self.stand_ins = str(stand_in_dir) if stand_in_dir is not None else None
         self.checkpoint = Checkpoint(plugin_dir / "checkpoint.json")
         self._lock = threading.Lock()
         self.offers: list[GpuOffer] = []
@@ -165,9 +169,11 @@ class DraDriver:
                 record_limits(self._mps_file(ref.uid), [plan])
                 if daemon:
                     self.mps.start_daemon(plan)
+                elif self.stand_ins is not None:
+                    self._stand_in_mps_directories(plan)
             minors = {o.gpu.index: o.gpu.device_minor for o in self.offers}
-            spec = claim_spec(ref.uid, devices, minors, mps_root=self.mps_root)
-            record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec))
+            spec = claim_spec(ref.uid, devices, minors, mps_root=self.mps_root, stand_ins=self.stand_ins)
+            record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec, self.stand_ins))
             record.devices = [
                 PreparedDevice(request_names=[s.result["request"]], pool=s.result["pool"], device=s.result["device"],
                                cdi_device_ids=[qualified_name(ref.uid, s.result["device"])])
@@ -301,11 +307,24 @@ class DraDriver:
             self.mps.stop_daemon(MpsPlan(record.mps["resource"], record.mps["pipeDirectory"],
                                          record.mps["logDirectory"]))
         self._destroy_instances(uid, record)
+        if self.stand_ins is not None:
+            shutil.rmtree(Path(self.mps_root) / f"claim-{uid}", ignore_errors=True)
         remove_claim_spec(self.cdi_root, uid)
         self._mps_file(uid).unlink(missing_ok=True)
         del self.checkpoint.claims[uid]
         if self.checkpoint.on_disk(uid):
             self.checkpoint.save(uid)
+
+    def _stand_in_mps_directories(self, plan: MpsPlan) -> None:
+        """A simulated node runs no MPS daemon, but the claim's CDI spec mounts the daemon's pipe, log and shared
+        memory directories, and a real runtime refuses a mount whose source is missing: make them, as the daemon
+        would (removed with the claim)."""
+        for path in (plan.pipe_dir, plan.log_dir, f"{self.mps_root.rstrip('/')}/shm"):
+            try:
+                Path(path).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise PrepareError(f"{path}: cannot make the simulated MPS daemon's directory: "
+                                   f"{exc.strerror or exc}") from None
 
     def _destroy_instances(self, uid: str, record: ClaimRecord) -> None:
         """Destroy the instances this claim created: those recorded, and any at a placement it meant to create

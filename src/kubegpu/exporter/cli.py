@@ -13,6 +13,7 @@ from types import FrameType
 import typer
 
 from kubegpu.cliopts import checked_option, duration_option
+from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
 from kubegpu.exporter.counters import load_counters
 from kubegpu.exporter.server import Exporter, serve
@@ -23,18 +24,8 @@ from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourc
 log = logging.getLogger("kubegpu.exporter")
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """`:9400`, `0.0.0.0:9400`, `[::]:9400` or `127.0.0.1:0` → (host, port); IPv6 hosts lose their brackets."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"--address: expected HOST:PORT such as ':9400', got {address!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port_text)
-
-
 def _address(address: str) -> str:
-    parse_address(address)
+    parse_listen_address(address, "--address")
     return address
 
 
@@ -63,7 +54,7 @@ def exporter_command(
 ) -> None:
     """Serve DCGM-compatible GPU metrics, every pod on a shared GPU attributed."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host, port = parse_address(address)
+    host, port = parse_listen_address(address, "--address")
     counters = load_counters(collectors)
     for warning in counters.warnings:
         log.warning(warning)
@@ -77,7 +68,7 @@ def exporter_command(
     except OSError as exc:
         raise ConfigError(f"--address: cannot listen on {address}: {exc.strerror or exc}") from None
     shown_host = f"[{host}]" if ":" in host else host
-    log.info("serving metrics on http://%s:%d/metrics", shown_host, server.server_port)
+    log.info("serving metrics on http://%s:%d/metrics", shown_host, server.port)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         exporter.stop()
@@ -87,8 +78,7 @@ def exporter_command(
     worker = threading.Thread(target=exporter.run, name="exporter-collect", daemon=True)
     worker.start()
     worker.join()
-    server.shutdown()
-    server.server_close()
+    server.close()
     backend.close()
 
 

@@ -7,22 +7,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from aiohttp import web
 from prometheus_client import Gauge, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from kubegpu.endpoints import Endpoint, Handler
+from kubegpu.endpoints import serve as serve_endpoints
 from kubegpu.exporter.collector import SnapshotCollector, build_families, read_node
 from kubegpu.exporter.counters import CounterSet
 from kubegpu.exporter.exposition import render_text
 from kubegpu.gpu.backend import GpuBackend
-from kubegpu.httpserver import BoundedWSGIServer, serve_wsgi
 from kubegpu.sharing.attribution import PodResourcesClient, attribute
 
 log = logging.getLogger(__name__)
-
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 @dataclass
@@ -113,7 +112,8 @@ INDEX_PAGE = b"""<html><head><title>kubegpu exporter</title></head>
 """
 
 
-def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
+def make_routes(exporter: Exporter) -> dict[str, Handler]:
+    """`/metrics`, `/health` and `/`, as dcgm-exporter serves them."""
     rendered: dict[str, tuple[int, bytes]] = {}
 
     def render(encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
@@ -129,29 +129,25 @@ def make_app(exporter: Exporter) -> Callable[[dict[str, Any], StartResponse], li
             cached = rendered[content_type] = (generation, body)
         return cached[1]
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-            start_response("200 OK", [("Content-Type", content_type)])
-            return [render(encoder, content_type)]
-        if path == "/health":
-            ok = exporter.healthy()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"OK\n" if ok else b"no successful collection yet\n"]
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html")])
-            return [INDEX_PAGE]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found\n"]
+    async def metrics(request: web.BaseRequest) -> web.StreamResponse:
+        encoder, content_type = choose_encoder(",".join(request.headers.getall("Accept", [])))
+        return web.Response(body=render(encoder, content_type), headers={"Content-Type": content_type})
 
-    return app
+    async def health(request: web.BaseRequest) -> web.StreamResponse:
+        if exporter.healthy():
+            return web.Response(text="OK\n")
+        return web.Response(status=503, text="no successful collection yet\n")
+
+    async def index(request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(body=INDEX_PAGE, content_type="text/html")
+
+    return {"/metrics": metrics, "/health": health, "/": index}
 
 
-def serve(exporter: Exporter, host: str, port: int) -> BoundedWSGIServer:
-    """Bind the HTTP server (port 0 picks a free one) and serve it from a daemon thread.
+def serve(exporter: Exporter, host: str, port: int) -> Endpoint:
+    """Listen (port 0 picks a free one) and serve from a daemon thread; raises OSError when it cannot bind.
 
-    The bounded server (kubegpu.httpserver) keeps Prometheus served under load: a real backlog, a fixed worker
-    pool, idle connections parked off the pool and timed out, GET/HEAD only.
+    kubegpu.endpoints keeps Prometheus served whatever other clients do: every connection on one event loop,
+    header-read and idle timeouts, header size limits, a cap on open connections, GET/HEAD only.
     """
-    return serve_wsgi(make_app(exporter), host, port, name="exporter-http")
+    return serve_endpoints(make_routes(exporter), host, port, name="exporter-http")

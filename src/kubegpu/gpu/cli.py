@@ -102,6 +102,18 @@ def remove_process(
     typer.echo(f"process {pid} on GPU {gpu} ended")
 
 
+@sim_node.command("set-process-memory")
+def set_process_memory(
+    node_file: Path = typer.Argument(..., help="Simulated node file."),
+    pid: int = typer.Option(..., "--pid", help="Process id given to add-process."),
+    memory: int = typer.Option(..., "--memory-mib", min=0, help="GPU memory the process holds now, MiB."),
+) -> None:
+    """Grow (or shrink) a process's GPU memory, as a leak would: past the GPU's free memory it is refused, as the
+    driver refuses the allocation."""
+    gpu = SimulatedBackend(node_file).set_process_memory(pid, memory)
+    typer.echo(f"process {pid} on GPU {gpu} now holds {memory} MiB")
+
+
 @sim_node.command("reboot")
 def reboot(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
     """Reboot the node: pending MIG modes take effect, MIG devices and processes are gone, and the boot ID changes

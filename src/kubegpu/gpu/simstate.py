@@ -235,6 +235,14 @@ def _describe(gpu: dict[str, Any]) -> str:
     return f"GPU {gpu['index']} ({_model(gpu).product_name})"
 
 
+def _mig_record(gpu: dict[str, Any], gi_id: int) -> dict[str, Any]:
+    for record in gpu["mig_devices"]:
+        if record["gi_id"] == gi_id:
+            found: dict[str, Any] = record
+            return found
+    raise GpuBackendError(f"{_describe(gpu)} has no GPU instance {gi_id}")
+
+
 def _to_device(gpu: dict[str, Any]) -> GpuDevice:
     model = _model(gpu)
     pending = gpu.get("mig_pending_enabled")

@@ -39,6 +39,7 @@ from kubegpu.gpu.backend import (
 from kubegpu.gpu.catalog import GpuModel, MigProfile
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
 from kubegpu.gpu.simlock import NodeFileLock
+from kubegpu.gpu.simprocs import add_process, remove_process, set_process_memory
 from kubegpu.gpu.simstate import (
     _IDLE_SM_CLOCK_MHZ,
     _UUID_NAMESPACE,
@@ -54,6 +55,7 @@ from kubegpu.gpu.simstate import (
     _describe,
     _gpu,
     _idle_load,
+    _mig_record,
     _model,
     _to_device,
     _to_mig_device,
@@ -65,7 +67,8 @@ from kubegpu.statefiles import CHECKSUM_FIELD, dumps_stamped, verify_checksum
 
 __all__ = [
     "DEFAULT_CUDA_VERSION", "DEFAULT_DRIVER_VERSION", "MAX_GPUS_PER_NODE", "STATE_KIND", "STATE_VERSION",
-    "SimulatedBackend", "State", "check_state", "new_node_state", "parse_gpu_spec",
+    "SimulatedBackend", "State", "add_process", "check_state", "new_node_state", "parse_gpu_spec", "remove_process",
+    "set_process_memory",
 ]
 
 
@@ -147,56 +150,6 @@ def destroy_mig_device(state: State, index: int, gi_id: int) -> None:
         raise GpuBackendError(f"GPU instance {gi_id} on {_describe(gpu)} is in use by process(es) "
                               f"{', '.join(map(str, users))}")
     gpu["mig_devices"].remove(record)
-
-
-def _mig_record(gpu: dict[str, Any], gi_id: int) -> dict[str, Any]:
-    for record in gpu["mig_devices"]:
-        if record["gi_id"] == gi_id:
-            found: dict[str, Any] = record
-            return found
-    raise GpuBackendError(f"{_describe(gpu)} has no GPU instance {gi_id}")
-
-
-def add_process(state: State, index: int, pid: int, used_memory_mib: int, gi_id: int | None = None,
-                name: str = "python") -> None:
-    """A compute process on a GPU (or in one of its GPU instances), as the driver would list it; the same pid again
-    replaces its entry. Refused where no real process could be: a MIG GPU outside any instance, more memory than
-    the GPU or instance has left."""
-    gpu = _gpu(state, index)
-    if pid <= 0:
-        raise GpuBackendError(f"pid {pid}: must be a positive process id")
-    if used_memory_mib < 0:
-        raise GpuBackendError(f"pid {pid}: used memory {used_memory_mib} MiB must not be negative")
-    if gi_id is None and gpu["mig_enabled"]:
-        ids = ", ".join(str(record["gi_id"]) for record in gpu["mig_devices"])
-        choice = f"name one of GPU instances {ids}" if ids else "it has no GPU instances yet"
-        raise GpuBackendError(f"{_describe(gpu)} has MIG enabled, so a process runs in a GPU instance; {choice}")
-    others = [p for p in gpu["processes"] if p["pid"] != pid]
-    capacity = _memory_mib(gpu, gi_id)
-    in_use = sum(int(p["used_memory_mib"]) for p in others if p["gi_id"] == gi_id)
-    if in_use + used_memory_mib > capacity:
-        where = _describe(gpu) if gi_id is None else f"GPU instance {gi_id} on {_describe(gpu)}"
-        raise GpuBackendError(f"pid {pid}: {used_memory_mib} MiB does not fit on {where}: {capacity - in_use} of "
-                              f"{capacity} MiB free")
-    gpu["processes"] = [*others, {"pid": pid, "gi_id": gi_id, "used_memory_mib": used_memory_mib, "name": name}]
-
-
-def _memory_mib(gpu: dict[str, Any], gi_id: int | None) -> int:
-    """Memory of the whole GPU, or of one of its GPU instances (an unknown instance is an error)."""
-    model = _model(gpu)
-    if gi_id is None:
-        return model.memory_mib
-    return model.profile(_mig_record(gpu, gi_id)["profile_id"]).memory_mib
-
-
-def remove_process(state: State, index: int, pid: int) -> None:
-    """The process exits. An unknown pid is an error: a typo must not look like a freed GPU."""
-    gpu = _gpu(state, index)
-    remaining = [p for p in gpu["processes"] if p["pid"] != pid]
-    if len(remaining) == len(gpu["processes"]):
-        running = ", ".join(str(p["pid"]) for p in gpu["processes"]) or "none"
-        raise GpuBackendError(f"no process {pid} on {_describe(gpu)} (running: {running})")
-    gpu["processes"] = remaining
 
 
 def set_load(state: State, index: int, now: float, gpu_util: float, memory_used_mib: int,
@@ -300,6 +253,7 @@ class SimulatedBackend:
         # the file's bytes as last validated here: an operation that finds them unchanged (the common case, even
         # with other processes sharing the file) only parses them again, without the depth and schema checks
         self._checked: bytes | None = None  # not b"": an empty (torn) file must never pass as already checked
+        self._shared: tuple[bytes, State] | None = None  # the last read-only parse, reused while the bytes match
         self._filelock: NodeFileLock | None = None
         if gpus is not None:
             models = parse_gpu_spec(gpus) if isinstance(gpus, str) else list(gpus)
@@ -350,7 +304,9 @@ class SimulatedBackend:
             self._filelock = NodeFileLock(str(self._path) + ".lock", timeout=LOCK_TIMEOUT_S)
         return self._filelock
 
-    def _read(self) -> State:
+    def _read(self, shared: bool = False) -> State:
+        """The state in the file; with `shared` (a read-only operation) the parse of unchanged bytes is reused, so an
+        agent polling every GPU of a big node parses the file once per change, not once per call."""
         assert self._path is not None
         try:
             data = read_bytes(self._path, limit=NODE_FILE_LIMIT)
@@ -359,8 +315,12 @@ class SimulatedBackend:
                 raise BackendUnavailable(f"cannot read simulated node file {self._path}: not found") from None
             raise ConfigError(str(exc)) from None
         if data == self._checked:  # the bytes this process last validated (or wrote): parse, skip the checks
+            if shared and self._shared is not None and self._shared[0] == data:
+                return self._shared[1]
             state: State = json.loads(data)
             state.pop(CHECKSUM_FIELD, None)
+            if shared:
+                self._shared = (data, state)
             return state
         source = str(self._path)
         document = parse_json_text(decode_utf8(data, source), source)
@@ -380,7 +340,8 @@ class SimulatedBackend:
 
     @contextlib.contextmanager
     def _state(self, write: bool = False) -> Iterator[State]:
-        """The node state for one operation; with `write`, saved afterwards under the same lock (never on error)."""
+        """The node state for one operation; with `write`, saved afterwards under the same lock (never on error).
+        Without `write` it may be a parse shared with earlier reads: read-only operations never change it."""
         if self._memory is not None:
             yield self._memory
             if write:
@@ -388,7 +349,7 @@ class SimulatedBackend:
             return
         try:
             with self._lock():
-                state = self._read()
+                state = self._read(shared=not write)
                 yield state
                 if write:
                     state["generation"] += 1
@@ -492,6 +453,11 @@ class SimulatedBackend:
     def remove_process(self, index: int, pid: int) -> None:
         with self._state(write=True) as state:
             remove_process(state, index, pid)
+
+    def set_process_memory(self, pid: int, used_memory_mib: int) -> int:
+        """Grow or shrink a running process's memory; returns the GPU it runs on."""
+        with self._state(write=True) as state:
+            return set_process_memory(state, pid, used_memory_mib)
 
     def profile_of(self, index: int, profile_id: int) -> MigProfile:
         """The catalog profile for a GPU of this node (the sim knows its models exactly)."""

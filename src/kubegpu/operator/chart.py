@@ -51,6 +51,9 @@ def values_schema() -> dict[str, Any]:
                     "applyCRDs": {"type": "boolean",
                                   "description": "server-side apply the project's CRDs at start (helm upgrade "
                                                  "never updates crds/)"},
+                    "cleanupOnUninstall": {"type": "boolean",
+                                           "description": "helm uninstall first deletes the ClusterPolicy, waits "
+                                                          "for the operands and removes the stack's node labels"},
                     "logLevel": {"enum": ["debug", "info", "warning", "error"]},
                     "resources": _RESOURCES,
                     "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -7,7 +7,14 @@ from typing import Any
 
 import typer
 
-from kubegpu.cliopts import emit, legacy_alias, metrics_address_option, output_dir_option, output_option
+from kubegpu.cliopts import (
+    duration_option,
+    emit,
+    legacy_alias,
+    metrics_address_option,
+    output_dir_option,
+    output_option,
+)
 from kubegpu.errors import ConfigError
 
 operator_app = typer.Typer(
@@ -101,6 +108,23 @@ def crds_command(out_dir: Path | None = output_dir_option(help="Write one file p
     else:
         for path in write_all(out_dir):
             typer.echo(str(path), err=True)
+
+
+@operator_app.command("cleanup", help="What `helm uninstall` runs first: delete the ClusterPolicies, wait for the "
+                                         "operands to stop, and take the stack's labels off every Node.")
+def cleanup_command(
+    namespace: str = typer.Option("kubegpu", "--namespace", "-n", envvar="POD_NAMESPACE",
+                                  help="Namespace of the operands."),
+    timeout: float = duration_option(120.0, "--timeout", help="How long to wait for the operands to stop."),
+) -> None:
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.operator.uninstall import cleanup
+
+    result = cleanup(LightkubeCluster(), namespace, timeout)
+    typer.echo(f"cleanup: deleted ClusterPolicy {', '.join(result.policies) or '(none)'}; operands stopped in "
+               f"{result.waited_s:.0f}s; cleaned {len(result.nodes)} node(s)", err=True)
+    for node, keys in sorted(result.nodes.items()):
+        typer.echo(f"  {node}: removed {', '.join(keys)}", err=True)
 
 
 @operator_app.callback()

@@ -19,6 +19,7 @@ STATES = (
     "state-container-toolkit",
     "state-operator-validation",
     "state-device-plugin",
+    "state-mps-control-daemon",
     "state-dcgm-exporter",
     "gpu-feature-discovery",
     "state-mig-manager",
@@ -26,6 +27,8 @@ STATES = (
     "state-partitioner",
     "state-autoscaler",
     "state-dra-driver",
+    "state-gpu-guard",
+    "state-quota",
 )
 
 
@@ -70,20 +73,26 @@ class Operand:
     mig_only: bool = False  # deploy label only on MIG-capable nodes
     app: str | None = None  # the GPU Operator's pod `app` label: the MIG manager waits for these pods to stop
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    deploy_as: str | None = None  # runs under another component's deploy label (the MPS daemon: device-plugin's)
+    node_selector: tuple[tuple[str, str], ...] = ()  # more nodeSelector terms than the deploy label
+    per_node_config: bool = False  # reads the device-plugin config a node's label selects (config-manager)
 
     @property
     def deploy_label(self) -> str:
-        return DEPLOY_LABEL_PREFIX + self.component
+        return DEPLOY_LABEL_PREFIX + (self.deploy_as or self.component)
 
     @property
     def name(self) -> str:
         return f"kubegpu-{self.component}"
 
 
+MPS_CAPABLE_LABEL = "nvidia.com/mps.capable"  # feature discovery sets it from the node's device-plugin config
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
 _VALIDATIONS = HostPath("run-nvidia-validations", VALIDATIONS_DIR)
 _STATE = HostPath("kubegpu-state", "/var/lib/kubegpu")
 _POD_RESOURCES = HostPath("pod-resources", "/var/lib/kubelet/pod-resources")
 _NODE_GET = rule([""], ["nodes"], ["get"])
+_NODE_WATCH = rule([""], ["nodes"], ["get", "list", "watch"])  # the config-manager follows its own Node
 _LEASES = rule(["coordination.k8s.io"], ["leases"], ["get", "create", "patch"])
 
 OPERANDS: tuple[Operand, ...] = (
@@ -102,10 +111,17 @@ OPERANDS: tuple[Operand, ...] = (
                   "--device-plugin-dir=/var/lib/kubelet/device-plugins",
                   "--mps-slices-file=/var/lib/kubegpu/mps-slices.json", "--cdi-root=/var/run/cdi",
                   "--metrics-address=:8081"),
-            waits_for="toolkit-ready", cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
-            app="nvidia-device-plugin-daemonset",
+            waits_for="toolkit-ready", cluster_rules=(_NODE_WATCH,), app="nvidia-device-plugin-daemonset",
+            per_node_config=True,
             host_paths=(HostPath("device-plugins", "/var/lib/kubelet/device-plugins"), _STATE,
                         HostPath("cdi", "/var/run/cdi"), _VALIDATIONS)),
+    # the MPS root (devicePlugin.mps.root) is mounted by render: it is a policy setting
+    Operand("mps-control-daemon", "devicePlugin", "state-mps-control-daemon",
+            command=("kubegpu", "mps-control-daemon"), args=("--gpu-backend=nvml",), waits_for="toolkit-ready",
+            privileged=True, host_pid=True, deploy_as="device-plugin", node_selector=((MPS_CAPABLE_LABEL, "true"),),
+            app="nvidia-device-plugin-mps-control-daemon", per_node_config=True, cluster_rules=(_NODE_WATCH,),
+            env=(("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")),
+            host_paths=(_VALIDATIONS,)),
     Operand("dcgm-exporter", "dcgmExporter", "state-dcgm-exporter", command=("kubegpu", "exporter"),
             args=("--gpu-backend=nvml", "--address=:9400", "--collect-interval=30000", "--kubernetes",
                   "--pod-resources-kubelet-socket=/var/lib/kubelet/pod-resources/kubelet.sock"),
@@ -113,8 +129,9 @@ OPERANDS: tuple[Operand, ...] = (
             host_paths=(_POD_RESOURCES, _VALIDATIONS)),
     Operand("gpu-feature-discovery", "gfd", "gpu-feature-discovery", command=("kubegpu", "discover"),
             args=("--gpu-backend=nvml", "--kubernetes", "--sleep-interval=60s"), waits_for="toolkit-ready",
-            app="gpu-feature-discovery",
-            cluster_rules=(rule([""], ["nodes"], ["get", "patch"]), rule([""], ["nodes/status"], ["patch"])),
+            app="gpu-feature-discovery", per_node_config=True,
+            cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
+                           rule([""], ["nodes/status"], ["patch"])),
             host_paths=(_VALIDATIONS,)),
     Operand("mig-manager", "migManager", "state-mig-manager", command=("kubegpu", "mig-manager"),
             args=("--gpu-backend=nvml", "--gpu-clients-namespace={namespace}"), waits_for="toolkit-ready",
@@ -153,6 +170,25 @@ OPERANDS: tuple[Operand, ...] = (
             host_paths=(HostPath("kubelet-plugins", "/var/lib/kubelet/plugins"),
                         HostPath("plugins-registry", "/var/lib/kubelet/plugins_registry"),
                         HostPath("cdi", "/var/run/cdi"), _VALIDATIONS)),
+    # hostPID and the host's /proc: GPU processes are host PIDs, their cgroups name the pods, and the guard kills
+    # an offending process where a PodDisruptionBudget refuses its pod's eviction (docs/gpu-guard.md)
+    Operand("gpu-guard", "gpuGuard", "state-gpu-guard", command=("kubegpu", "gpu-guard"),
+            args=("--gpu-backend=nvml", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+                  "--proc-root=/host/proc", "--mps-slices-file=/var/lib/kubegpu/mps-slices.json",
+                  "--metrics-address=:8082"),
+            waits_for="toolkit-ready", privileged=True, host_pid=True, port=8082,
+            cluster_rules=(rule([""], ["pods"], ["get", "list"]), rule([""], ["pods/status"], ["patch"]),
+                           rule([""], ["pods/eviction"], ["create"]),
+                           rule(["resource.k8s.io"], ["resourceclaims"], ["get"]), EVENTS),
+            host_paths=(_POD_RESOURCES, _STATE, HostPath("host-proc", "/proc", "/host/proc"), _VALIDATIONS)),
+    # the admission policies and their table come with it (render.quota_objects); the CRD with the operator's
+    Operand("quota", "quota", "state-quota", kind="Deployment", command=("kubegpu", "quota", "controller"),
+            args=("--lease-duration=15", "--interval=2"),
+            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list"]),
+                           rule(["kubegpu.io"], ["elasticquotas"], ["get", "list", "watch"]),
+                           rule(["kubegpu.io"], ["elasticquotas/status"], ["patch"]), EVENTS),
+            namespace_rules=(_LEASES,)),
 )
 
 # The validator's init containers, in order (GPU Operator's nvidia-validator components).
@@ -160,7 +196,7 @@ VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 
 # Deploy labels (GPU Operator names, then ours) and the policy block that turns each on.
 DEPLOY_LABELS: tuple[tuple[str, str], ...] = tuple(
-    (op.component, op.block) for op in OPERANDS if op.kind == "DaemonSet")
+    (op.component, op.block) for op in OPERANDS if op.kind == "DaemonSet" and op.deploy_as is None)
 
 
 def operand(component: str) -> Operand:

@@ -44,7 +44,9 @@ class LightkubeOperatorApi:
              ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
              ("node.k8s.io/v1", "RuntimeClass"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
              ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
-             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"))
+             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+             ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"),
+             ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"), ("v1", "ConfigMap"))
 
     def __init__(self, client: Any = None) -> None:
         import lightkube

@@ -16,7 +16,9 @@ HEADER = "Generated from kubegpu.operator.policy by `kubegpu operator crds --out
 
 
 def generated_crds() -> list[dict[str, Any]]:
-    return [clusterpolicy_crd()]
+    from kubegpu.quota.api import elastic_quota_crd
+
+    return [clusterpolicy_crd(), elastic_quota_crd()]
 
 
 def default_crds_dir() -> Path | None:

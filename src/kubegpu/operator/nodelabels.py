@@ -66,7 +66,7 @@ def deploy_labels(policy: ClusterPolicy, labels: dict[str, str]) -> dict[str, bo
     partitioned = labels.get(PARTITIONING_LABEL) in ("mig", "mps")
     out: dict[str, bool] = {}
     for op in OPERANDS:
-        if op.kind != "DaemonSet":
+        if op.kind != "DaemonSet" or op.deploy_as is not None:  # rides on another component's label
             continue
         wanted = op.block == "validator" or block(policy, op.block).enabled
         if op.mig_only:

@@ -213,7 +213,25 @@ class DisabledComponentSpec(ComponentSpec):
     enabled: bool = False
 
 
+class QuotaSpec(DisabledComponentSpec):
+    """GPU quotas in `kubegpu.io/gpu-memory` (docs/quotas.md): the charge policies, their table and the elastic-quota
+    controller. The table's inputs are here because the device-plugin config is a ConfigMap the render cannot read."""
+
+    defaultGpuModel: str = Field(default="A100-SXM4-80GB",
+                                 description="model charged for nvidia.com/gpu when a pod selects none")
+    replicas: dict[str, int] = Field(default_factory=lambda: {"nvidia.com/gpu.shared": 4},
+                                     description="replicas of each time-sliced / MPS resource, as the nodes' config")
+
+
+GPU_BACKEND_PATTERN = r"^(nvml|sim:/[^\s]+\.json)$"
+
+
 class ClusterPolicySpec(ApiModel):
+    gpuBackend: str = Field(
+        default="nvml", pattern=GPU_BACKEND_PATTERN,
+        description="ours: how the node agents reach the GPUs, as their --gpu-backend flag: 'nvml' (the driver) "
+                    "or 'sim:/ABSOLUTE/node.json' (a simulated node's file on each node, mounted into every node "
+                    "agent: a cluster without GPUs, for demos and tests)")
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
     driver: DriverSpec = Field(default_factory=DriverSpec)
@@ -228,6 +246,8 @@ class ClusterPolicySpec(ApiModel):
     partitioner: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     autoscaler: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
     draDriver: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    gpuGuard: DisabledComponentSpec = Field(default_factory=DisabledComponentSpec)
+    quota: QuotaSpec = Field(default_factory=QuotaSpec)
 
 
 State = Literal["ready", "notReady", "ignored"]

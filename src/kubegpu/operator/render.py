@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
 
-from kubegpu.operator.components import OPERANDS, STATES, VALIDATIONS, VALIDATIONS_DIR, Operand
+from kubegpu.operator.components import CONFIG_LABEL, OPERANDS, STATES, VALIDATIONS, VALIDATIONS_DIR, Operand
 from kubegpu.operator.policy import API_VERSION, KIND, ClusterPolicy, ComponentSpec, EnvVar
 
 NAME_LABEL = "app.kubernetes.io/name"
@@ -107,44 +108,109 @@ def _validator_inits(policy: ClusterPolicy, image: str, pull: str) -> list[dict[
     for component in VALIDATIONS:
         env = [_node_name_env(), *_env([*spec.env, *getattr(spec, component).env]),
                {"name": "MIG_STRATEGY", "value": policy.spec.mig.strategy}]
-        args = ["--gpu-backend=nvml", f"--output-dir={VALIDATIONS_DIR}"]
+        args = _backend([NVML_BACKEND, f"--output-dir={VALIDATIONS_DIR}"], policy)
         if component == "driver":
             args.append("--wait")
+        mounts = [{"name": "run-nvidia-validations", "mountPath": VALIDATIONS_DIR,
+                   "mountPropagation": "Bidirectional"}]
+        sim = _sim_volume(policy)
+        if sim:
+            mounts.append(sim[1])
         inits.append({
             "name": f"{component}-validation", "image": image, "imagePullPolicy": pull,
             "command": ["kubegpu", "validate", component], "args": args, "env": env,
-            "securityContext": {"privileged": True, "runAsUser": 0},
-            "volumeMounts": [{"name": "run-nvidia-validations", "mountPath": VALIDATIONS_DIR,
-                              "mountPropagation": "Bidirectional"}],
+            "securityContext": {"privileged": True, "runAsUser": 0}, "volumeMounts": mounts,
         })
     return inits
 
 
+AVAILABLE_CONFIGS = "/available-configs"  # the devicePlugin.config ConfigMap, one file per key
+SELECTED_CONFIG_DIR = "/config"  # an emptyDir the config-manager links the node's selected config into
+SELECTED_CONFIG = f"{SELECTED_CONFIG_DIR}/config.yaml"
+CONFIG_FALLBACKS = "named,single,empty"  # NVIDIA chart's named,single; then the plugin's defaults, never a crash
+
+
+def _per_node_config(policy: ClusterPolicy, op: Operand) -> bool:
+    return op.per_node_config and bool(policy.spec.devicePlugin.config.name)
+
+
+def _config_manager(policy: ClusterPolicy, op: Operand, image: str, pull: str, oneshot: bool) -> dict[str, Any]:
+    """NVIDIA config-manager's container (init: `--oneshot`; sidecar: follows the label). It links the config
+    the node's `nvidia.com/device-plugin.config` label selects to SELECTED_CONFIG; the operand watches that file."""
+    ref = policy.spec.devicePlugin.config
+    return {
+        "name": "config-manager-init" if oneshot else "config-manager",
+        "image": image, "imagePullPolicy": pull,
+        "command": ["kubegpu", "config-manager"],
+        "env": [_node_name_env(), *_env([
+            ("ONESHOT", "true" if oneshot else "false"), ("NODE_LABEL", CONFIG_LABEL),
+            ("CONFIG_FILE_SRCDIR", AVAILABLE_CONFIGS), ("CONFIG_FILE_DST", SELECTED_CONFIG),
+            ("DEFAULT_CONFIG", ref.default), ("FALLBACK_STRATEGIES", CONFIG_FALLBACKS)])],
+        "volumeMounts": [{"name": "available-configs", "mountPath": AVAILABLE_CONFIGS, "readOnly": True},
+                         {"name": "config", "mountPath": SELECTED_CONFIG_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+
+
+NVML_BACKEND = "--gpu-backend=nvml"
+
+
+def _backend(args: Sequence[str], policy: ClusterPolicy) -> list[str]:
+    """The components' `--gpu-backend=nvml` as the policy's `gpuBackend` says (nvml, or a simulated node)."""
+    return [f"--gpu-backend={policy.spec.gpuBackend}" if a == NVML_BACKEND else a for a in args]
+
+
+def _sim_volume(policy: ClusterPolicy) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """With `gpuBackend: sim:PATH`, PATH's directory (the node file, its lock and its stand-in device nodes) at
+    the same path in every container that reads the simulated node: the paths in its CDI specs stay host paths."""
+    if not policy.spec.gpuBackend.startswith("sim:"):
+        return None
+    directory = str(PurePosixPath(policy.spec.gpuBackend.removeprefix("sim:")).parent)
+    return ({"name": "gpu-sim", "hostPath": {"path": directory, "type": "Directory"}},
+            {"name": "gpu-sim", "mountPath": directory})
+
+
 def _container_args(policy: ClusterPolicy, op: Operand) -> list[str]:
-    args = list(op.args)
+    args = _backend(op.args, policy)
     spec = policy.spec
     if op.component in ("device-plugin", "gpu-feature-discovery"):
         args.append(f"--mig-strategy={spec.mig.strategy}")
-        if spec.devicePlugin.config.name and spec.devicePlugin.config.default:
-            args.append(f"--config-file=/etc/kubegpu/device-plugin/{spec.devicePlugin.config.default}")
+    if _per_node_config(policy, op):
+        args.append(f"--config-file={SELECTED_CONFIG}")
     if op.component == "mig-manager" and spec.migManager.config.name:
         args.append("--config-file=/etc/kubegpu/mig-parted/config.yaml")
     if op.component == "dcgm-exporter" and spec.dcgmExporter.config.name:
         args.append("--collectors=/etc/kubegpu/exporter/metrics.csv")
     if op.component == "partitioner":
         args.append("--lease-namespace={namespace}")
+    if op.component == "quota":
+        args.append("--namespace={namespace}")
     return args + list(block(policy, op.block).args)
 
 
-def _config_volume(policy: ClusterPolicy, op: Operand) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _config_volumes(policy: ClusterPolicy, op: Operand) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the operand container's mounts) for its config files."""
     spec = policy.spec
-    ref = {"device-plugin": spec.devicePlugin.config.name, "gpu-feature-discovery": spec.devicePlugin.config.name,
-           "mig-manager": spec.migManager.config.name, "dcgm-exporter": spec.dcgmExporter.config.name}.get(op.component)
+    if _per_node_config(policy, op):
+        return ([{"name": "available-configs", "configMap": {"name": spec.devicePlugin.config.name}},
+                 {"name": "config", "emptyDir": {}}],
+                [{"name": "available-configs", "mountPath": AVAILABLE_CONFIGS, "readOnly": True},  # link targets
+                 {"name": "config", "mountPath": SELECTED_CONFIG_DIR, "readOnly": True}])
+    ref = {"mig-manager": spec.migManager.config.name, "dcgm-exporter": spec.dcgmExporter.config.name}.get(op.component)
     if not ref:
-        return None
-    mount = {"device-plugin": "/etc/kubegpu/device-plugin", "gpu-feature-discovery": "/etc/kubegpu/device-plugin",
-             "mig-manager": "/etc/kubegpu/mig-parted", "dcgm-exporter": "/etc/kubegpu/exporter"}[op.component]
-    return {"name": "config", "configMap": {"name": ref}}, {"name": "config", "mountPath": mount, "readOnly": True}
+        return [], []
+    mount = {"mig-manager": "/etc/kubegpu/mig-parted", "dcgm-exporter": "/etc/kubegpu/exporter"}[op.component]
+    return ([{"name": "config", "configMap": {"name": ref}}],
+            [{"name": "config", "mountPath": mount, "readOnly": True}])
+
+
+def _mps_volumes(policy: ClusterPolicy) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The MPS daemon's root at its host path (the device plugin mounts the same host paths into MPS pods) and
+    its /dev/shm shared with those pods (`<root>/shm`, as the plugin mounts it)."""
+    root = policy.spec.devicePlugin.mps.root.rstrip("/") or "/"
+    return ([{"name": "mps-root", "hostPath": {"path": root, "type": "DirectoryOrCreate"}},
+             {"name": "mps-shm", "hostPath": {"path": f"{root}/shm", "type": "DirectoryOrCreate"}}],
+            [{"name": "mps-root", "mountPath": root}, {"name": "mps-shm", "mountPath": "/dev/shm"}])
 
 
 def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, Any]:
@@ -158,7 +224,10 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
     args = [a.replace("{namespace}", namespace) for a in _container_args(policy, op)]
     if args:
         container["args"] = args
-    env = [_node_name_env(), *_env([*op.env, *spec.env])]
+    defaults = list(op.env)
+    if op.component in ("device-plugin", "mps-control-daemon"):
+        defaults.append(("MPS_ROOT", policy.spec.devicePlugin.mps.root))
+    env = [_node_name_env(), *_env([*defaults, *spec.env])]
     if op.component in ("device-plugin", "gpu-feature-discovery", "mig-manager"):
         env.append({"name": "MIG_STRATEGY", "value": policy.spec.mig.strategy})
     if op.component == "container-toolkit":
@@ -180,19 +249,28 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
     if op.waits_for and not any(v["name"] == "run-nvidia-validations" for v in volumes):
         volumes.append({"name": "run-nvidia-validations",  # for the init container's barrier wait only
                         "hostPath": {"path": VALIDATIONS_DIR, "type": "DirectoryOrCreate"}})
-    config = _config_volume(policy, op)
-    if config:
-        volumes.append(config[0])
-        mounts.append(config[1])
+    for extra_volumes, extra_mounts in (_config_volumes(policy, op),
+                                        _mps_volumes(policy) if op.component == "mps-control-daemon" else ([], [])):
+        volumes += extra_volumes
+        mounts += extra_mounts
+    sim = _sim_volume(policy)
+    if sim and (NVML_BACKEND in op.args or op.component == "operator-validator"):
+        volumes.append(sim[0])
+        if NVML_BACKEND in op.args:
+            mounts.append(sim[1])
     if mounts:
         container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"serviceAccountName": op.name, "containers": [container]}
+    if _per_node_config(policy, op):
+        pod["containers"].append(_config_manager(policy, op, image, pull, oneshot=False))
     if not op.cluster_rules and not op.namespace_rules:
         pod["automountServiceAccountToken"] = False  # no API access: no token on the node
     inits: list[dict[str, Any]] = []
     if op.waits_for:
         ours = policy.spec.validator
         inits.append(_wait_container(ours.image_ref(), ours.imagePullPolicy, op.waits_for))
+    if _per_node_config(policy, op):
+        inits.append(_config_manager(policy, op, image, pull, oneshot=True))  # the operand starts on its config
     if op.component == "operator-validator":
         inits += _validator_inits(policy, image, pull)
     if inits:
@@ -215,7 +293,7 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
         pod["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
         body: dict[str, Any] = {"replicas": 1, "selector": {"matchLabels": selector}}
     else:
-        pod["nodeSelector"] = {op.deploy_label: "true"}
+        pod["nodeSelector"] = {op.deploy_label: "true", **dict(op.node_selector)}
         pod["priorityClassName"] = ds.priorityClassName
         strategy: dict[str, Any] = {"type": ds.updateStrategy}
         if ds.updateStrategy == "RollingUpdate":
@@ -333,6 +411,8 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
                  "spec": {"selector": {NAME_LABEL: "kubegpu", COMPONENT_LABEL: "operator"},
                           "ports": [{"name": "metrics", "port": 8080, "targetPort": 8080}]}}]
     objects: list[dict[str, Any]] = []
+    if state == "state-quota" and policy.spec.quota.enabled:
+        objects += quota_objects(policy, namespace, state)
     for op in OPERANDS:
         if op.state != state or not enabled(policy, op):
             continue
@@ -340,6 +420,19 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
         objects.append(workload(policy, op, namespace))
         if op.port:
             objects += _exporter_extras(policy, op, namespace)
+    return objects
+
+
+def quota_objects(policy: ClusterPolicy, namespace: str, state: str) -> list[dict[str, Any]]:
+    """The charge table (from `spec.quota`) and the admission policies of deploy/kubernetes/quota, in this namespace."""
+    from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
+    from kubegpu.sharing.charges import ChargeTable
+
+    spec = policy.spec.quota
+    table = ChargeTable(default_model=spec.defaultGpuModel, replicas=dict(spec.replicas))
+    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
+    for obj in objects:
+        obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
     return objects
 
 

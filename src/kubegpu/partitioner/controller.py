@@ -35,7 +35,7 @@ from kubegpu.partitioner.planner import (
     is_partition_resource,
 )
 from kubegpu.partitioner.state import optimality_line
-from kubegpu.scheduling import is_finished, pod_key, pod_requests
+from kubegpu.scheduling import is_finished, is_scheduling_gated, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")
 COMPONENT = "kubegpu-partitioner"
@@ -50,7 +50,7 @@ def could_help(pod: Mapping[str, Any]) -> bool:
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     if spec.get("nodeName") or status.get("nominatedNodeName"):
         return False
-    if (status.get("phase") or "Pending") != "Pending":
+    if (status.get("phase") or "Pending") != "Pending" or is_scheduling_gated(pod):
         return False
     owners = (pod.get("metadata") or {}).get("ownerReferences") or []
     if any(o.get("kind") == "DaemonSet" for o in owners):

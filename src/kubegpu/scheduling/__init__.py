@@ -26,7 +26,7 @@ from kubegpu.scheduling.fit import (
     pod_requirements,
     tolerates,
 )
-from kubegpu.scheduling.pods import is_finished, pod_key
+from kubegpu.scheduling.pods import is_finished, is_scheduling_gated, pod_key
 from kubegpu.scheduling.quantity import format_quantity, parse_quantity
 from kubegpu.scheduling.requests import container_requests, pod_requests
 from kubegpu.scheduling.score import SCORERS, score_least_allocated, score_most_allocated, select_node
@@ -46,6 +46,7 @@ __all__ = [
     "format_quantity",
     "insufficient_resources",
     "is_finished",
+    "is_scheduling_gated",
     "match_node_selector_terms",
     "node_info",
     "parse_quantity",

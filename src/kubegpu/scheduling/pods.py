@@ -18,5 +18,11 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 
+def is_scheduling_gated(pod: Mapping[str, Any]) -> bool:
+    """The pod still has scheduling gates (`spec.schedulingGates`, e.g. `kubegpu.io/quota` while it waits for its
+    team's quota): kube-scheduler does not consider it, so no controller may re-cut a GPU or buy a node for it."""
+    return bool((pod.get("spec") or {}).get("schedulingGates"))
+
+
 def is_finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES

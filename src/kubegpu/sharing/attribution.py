@@ -11,6 +11,7 @@ ResourceClaim's name.
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,21 @@ class PodResourcesClient:
             return None
         self._warned = False
         return flatten(response)
+
+    def allocatable(self) -> builtins.list[tuple[str, builtins.list[str]]] | None:
+        """`GetAllocatableResources`: every device ID the node can hand out, as (resource name, IDs); None on any
+        failure. The replicas and slices among them tell what each shared device is worth (`kubegpu.sharing.shares`)."""
+        if not self.socket_path.exists():
+            return None
+        try:
+            with grpc.insecure_channel(f"unix://{self.socket_path.absolute()}") as channel:
+                stub = api_pb2_grpc.PodResourcesListerStub(channel)
+                response = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            code = exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+            self._warn_once(f"pod-resources GetAllocatableResources on {self.socket_path} failed: {code}")
+            return None
+        return [(devices.resource_name, list(devices.device_ids)) for devices in response.devices]
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:

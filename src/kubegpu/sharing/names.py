@@ -123,6 +123,25 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 """The mig-parted config a node should have (the GPU Operator's label, read by the MIG manager)."""
 DEVICE_PLUGIN_CONFIG_ANNOTATION = "kubegpu.io/device-plugin-config"
 """An inline NVIDIA device-plugin config (YAML or JSON) a NodePool template carries for the nodes it creates."""
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""GFD's label naming a node's GPU model (`NVIDIA-A100-SXM4-80GB`); pods select a model with it."""
+GPU_MEMORY_RESOURCE = "kubegpu.io/gpu-memory"
+"""The one unit GPU quotas are written in: the GPU memory a pod's GPU resources are charged, in bytes."""
+
+_NAMED_GIB = re.compile(r"(?P<gb>\d+)gb")
+
+
+def named_memory_gib(resource: str) -> int | None:
+    """The GiB a MIG profile or MPS slice resource carries in its name (`mig-1g.10gb` → 10, `gpu-20gb` → 20, also
+    their `.shared` replicas); None for names that carry no size (`nvidia.com/gpu`, `nvidia.com/gpu.shared`)."""
+    base = resource[: -len(SHARED_SUFFIX)] if resource.endswith(SHARED_SUFFIX) else resource
+    if mps_slice_size_of(base) is not None:
+        return mps_slice_size_of(base)
+    profile = mig_profile_of(base)
+    if profile is None:
+        return None
+    match = _NAMED_GIB.search(profile)
+    return int(match.group("gb")) if match else None
 
 
 # ---------------------------------------------------------------------------------------------- DRA device names

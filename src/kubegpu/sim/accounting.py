@@ -18,10 +18,12 @@ from kubegpu.scheduling import NodeInfo, pod_requirements, select_node
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
+from kubegpu.sim.guard import GUARD_LEAD_S, over_share, share_gib
 from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
 from kubegpu.sim.state import (
     _ARRIVAL,
     _FINISH,
+    _GUARD,
     _OOM,
     CLASS_LABEL,
     RETRY_BACKOFF_MAX_S,
@@ -34,6 +36,7 @@ from kubegpu.sim.state import (
     _unique,
 )
 from kubegpu.sim.strategies import GpuRequest
+from kubegpu.sim.teams import capacity_bytes
 from kubegpu.sim.workload import Job
 
 
@@ -51,17 +54,32 @@ class Accounting(SimCore):
         requests = {request.resource: float(request.count), "pods": 1.0}
         run = Attempt(job, attempt, ooms, name, request, now, next(self._seq), pod, requests,
                       pod_requirements(pod, requests))
-        heapq.heappush(self._queues.setdefault(request, []), (run.sort_key(), run))
+        if self._teams is not None:
+            self._teams.hold(run)  # behind its team's quota until the admission step lets it through
+        else:
+            heapq.heappush(self._queues.setdefault(request, []), (run.sort_key(), run))
         self.metrics.queued(run)
         self.cluster.create(pod)
         self._dirty = True
 
     def _pending_count(self) -> int:
-        return sum(len(queue) for queue in self._queues.values())
+        held = len(self._teams.held) if self._teams is not None else 0
+        return held + sum(len(queue) for queue in self._queues.values())
+
+    def _admit(self) -> None:
+        """Teams: let held pods through their quota (and evict what an elastic quota reclaims) before binding."""
+        assert self._teams is not None
+        released, victims = self._teams.step(capacity_bytes(list(self._nodes.values())))
+        for run in released:
+            heapq.heappush(self._queues.setdefault(run.request, []), (run.sort_key(), run))
+        for run in victims:
+            self._stop(run, "evicted")  # comes back as a new pod, held again
 
     def _schedule(self) -> None:
         """One scheduling pass: bind pending pods in priority/FIFO order until every request shape stops fitting."""
         self._dirty = False
+        if self._teams is not None:
+            self._admit()
         heads = []
         for request, queue in self._queues.items():
             version = self._capacity_version.get(request.resource, 0)
@@ -109,6 +127,7 @@ class Accounting(SimCore):
         run.thread_fraction = (first.mps_thread_percentage or 100) / 100.0
         run.alloc_weight = sum(_alloc_weight(node.model, d) for d in run.devices)
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
+        run.share_gib = share_gib(run.devices) if getattr(self.strategy, "memory_shared", False) else None
         for part in run.parts:
             part.residents.append(run)
         self.metrics.started(run, now)
@@ -119,6 +138,10 @@ class Accounting(SimCore):
         if node.rejects_multiple_shared and run.request.count > 1 and run.devices[0].shared:
             self._stop(run, "rejected")  # the device plugin's Allocate fails: the kubelet fails the pod
             return
+        if getattr(self.strategy, "guard", None) is not None:
+            for offender in over_share(run.parts, run.devices):
+                offender.guarded = True
+                self._push(now + max(0.0, self.params.oom_delay_s - GUARD_LEAD_S), _GUARD, offender)
         for victim in self._oom_victims(run):
             self._push(now + self.params.oom_delay_s, _OOM, victim)
         self._reprice(run.parts)
@@ -133,7 +156,7 @@ class Accounting(SimCore):
                 if run.job.memory_gib > (limit if limit is not None else part.memory_gib) + 1e-9:
                     victims.append(run)
             else:
-                residents = part.residents
+                residents = [r for r in part.residents if not r.guarded]  # the guard's evictions free theirs
                 for index in newest_to_kill([r.job.memory_gib for r in residents], part.memory_gib):
                     victims.append(residents[index])
         return _unique(victims)
@@ -187,6 +210,8 @@ class Accounting(SimCore):
         assert node is not None
         run.remaining -= run.speed * run.job.gpus * (now - run.updated)
         self.metrics.stopped(run, now, outcome)
+        if self._teams is not None:
+            self._teams.stopped(run)
         node.info.remove_pod(run.pod, run.requests)
         node.running.remove(run)
         node.touch()
@@ -201,7 +226,7 @@ class Accounting(SimCore):
         self._freed(run.request.resource)
         self.cluster.delete("Pod", run.pod["metadata"]["name"], namespace=run.pod["metadata"]["namespace"])
         self._reprice(run.parts)
-        if outcome == "oom" and run.ooms < run.job.max_retries:
+        if outcome in ("oom", "guard") and run.ooms < run.job.max_retries:
             backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2**run.ooms)
             self._push(now + backoff, _ARRIVAL, (run.job, run.attempt + 1, run.ooms + 1))
         elif outcome == "evicted":
@@ -212,6 +237,8 @@ class Accounting(SimCore):
         for queue in self._queues.values():
             for _, run in queue:
                 self.metrics.still_pending(run, now)
+        for run in self._teams.held if self._teams is not None else ():
+            self.metrics.still_pending(run, now)
 
     def pending_pods(self) -> list[dict[str, Any]]:
         runs = [run for queue in self._queues.values() for _, run in queue]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubegpu.clock import VirtualClock
+from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import get_model
 from kubegpu.kube.memory import MemoryCluster
 from kubegpu.sim.accounting import Accounting
@@ -28,6 +29,7 @@ from kubegpu.sim.scenario import Scenario
 from kubegpu.sim.state import (
     _ARRIVAL,
     _FINISH,
+    _GUARD,
     _NODE,
     _OOM,
     _SAMPLE,
@@ -40,6 +42,7 @@ from kubegpu.sim.state import (
     SimNode,
 )
 from kubegpu.sim.strategies import GpuRequest, Strategy
+from kubegpu.sim.teams import TeamAccount
 from kubegpu.sim.workload import Job
 
 __all__ = ["MIG_RECONFIGURE_DELAY_S", "NODE_PROVISION_DELAY_S", "Attempt", "InstanceInUseError", "Partition",
@@ -79,6 +82,10 @@ class Simulation(ClusterEffects, Accounting):
         self._failed_at: dict[GpuRequest, int] = {}
         self._dirty = False
         self.metrics = Collector(strategy.name, self.duration)
+        if getattr(strategy, "team_admission", None) is not None and not scenario.teams:
+            raise ConfigError(f"strategy {strategy.name}: quotas need the scenario's teams: (name, min, max, share)")
+        self._teams = (TeamAccount.for_strategy(scenario.teams, strategy, [g.gpu_model for g in self.node_groups])
+                       if scenario.teams else None)
 
     # ------------------------------------------------------------------------------------------------ running
     def run(self, progress: Callable[[float], None] | None = None) -> StrategyResult:
@@ -102,6 +109,8 @@ class Simulation(ClusterEffects, Accounting):
                 self._schedule()
         self._advance(self.duration)
         self._finish_metrics()
+        if self._teams is not None:
+            self.metrics.team_reclaims = dict(self._teams.reclaims)
         if progress is not None:
             progress(self.duration)
         return self.metrics.result(self.scenario, self.jobs)
@@ -125,6 +134,9 @@ class Simulation(ClusterEffects, Accounting):
         elif kind == _OOM:
             if payload.node is not None:
                 self._stop(payload, "oom")
+        elif kind == _GUARD:
+            if payload.node is not None:
+                self._stop(payload, "guard")
         elif kind == _NODE:
             payload()
         elif kind == _TICK:

@@ -58,6 +58,19 @@ class ClassStats:
 
 
 @dataclass
+class TeamStats:
+    """One team's (namespace's) share of a run: GPU-hours its pods held, how long they waited, how many were
+    reclaimed from it (evicted for a team under its elastic `min`)."""
+
+    gpu_hours: float = 0.0
+    pods_started: int = 0
+    pending_p50_s: float = 0.0
+    pending_p95_s: float = 0.0
+    pending_max_s: float = 0.0
+    reclaims: int = 0
+
+
+@dataclass
 class StrategyResult:
     strategy: str
     duration_s: float
@@ -83,7 +96,10 @@ class StrategyResult:
     cost: float
     cost_per_useful_gpu_hour: float
     spot_interruptions: int = 0  # bought nodes the cloud took back (scenario field spotInterruptions)
+    innocent_oom_kills: int = 0  # OOM kills of pods within their share of a shared GPU (a neighbour's fault)
+    guard_actions: int = 0  # pods the GPU-memory guard evicted for using more than their share (`+guard`)
     classes: dict[str, ClassStats] = field(default_factory=dict)
+    teams: dict[str, TeamStats] = field(default_factory=dict)  # scenario `teams:` only
     samples: list[Sample] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,12 +129,18 @@ class Collector:
         self.first_arrival: dict[str, tuple[float, str]] = {}
         self.oom_kills = 0
         self.oom_by_class: dict[str, int] = {}
+        self.innocent_oom_kills = 0
+        self.guard_actions = 0
         self.evictions = 0
         self.rejected = 0
         self.failed = 0
         self.pending_at_end = 0
         self.spot_interruptions = 0
         self.samples: list[Sample] = []
+        self.team_waits: dict[str, list[float]] = {}
+        self.team_gpu_s: dict[str, float] = {}
+        self.team_running: dict[int, tuple[float, float, str]] = {}  # id(run) → (start, GPUs held, namespace)
+        self.team_reclaims: dict[str, int] = {}
 
     # integrals -------------------------------------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -159,6 +181,8 @@ class Collector:
         wait = t - run.queued_at
         self.pending_waits.append(wait)
         self.pending_by_class.setdefault(run.job.klass, []).append(wait)
+        self.team_waits.setdefault(run.job.namespace, []).append(wait)
+        self.team_running[id(run)] = (t, run.alloc_weight, run.job.namespace)
         self.alloc += run.alloc_weight
         self.memory += run.memory_in_use
         self.running += 1
@@ -167,6 +191,8 @@ class Collector:
         self.useful_rate += run.job.compute * run.job.gpus * (new - old)
 
     def stopped(self, run: Attempt, t: float, outcome: str) -> None:
+        start, weight, namespace = self.team_running.pop(id(run), (t, 0.0, run.job.namespace))
+        self.team_gpu_s[namespace] = self.team_gpu_s.get(namespace, 0.0) + weight * (t - start)
         self.alloc -= run.alloc_weight
         self.memory -= run.memory_in_use
         self.useful_rate -= run.job.compute * run.job.gpus * run.speed
@@ -176,6 +202,12 @@ class Collector:
         elif outcome == "oom":
             self.oom_kills += 1
             self.oom_by_class[run.job.klass] = self.oom_by_class.get(run.job.klass, 0) + 1
+            if run.share_gib is not None and run.job.memory_gib <= run.share_gib + 1e-9:
+                self.innocent_oom_kills += 1
+            if run.ooms >= run.job.max_retries:
+                self.failed += 1
+        elif outcome == "guard":
+            self.guard_actions += 1
             if run.ooms >= run.job.max_retries:
                 self.failed += 1
         elif outcome == "rejected":
@@ -188,6 +220,7 @@ class Collector:
         wait = t - run.queued_at
         self.pending_waits.append(wait)
         self.pending_by_class.setdefault(run.job.klass, []).append(wait)
+        self.team_waits.setdefault(run.job.namespace, []).append(wait)
         self.pending_at_end += 1
 
     def sample(self, t: float, pending: int) -> None:
@@ -197,6 +230,18 @@ class Collector:
                                    self.running, self.gpus, len(self.node_gpus), round(self.cost, 2)))
 
     # result ----------------------------------------------------------------------------------------------------
+    def _teams(self, scenario: Scenario) -> dict[str, TeamStats]:
+        out: dict[str, TeamStats] = {}
+        for team in getattr(scenario, "teams", None) or ():
+            gpu_s = self.team_gpu_s.get(team.name, 0.0) + sum(
+                weight * (self.now - start) for start, weight, ns in self.team_running.values() if ns == team.name)
+            waits = self.team_waits.get(team.name, [])
+            out[team.name] = TeamStats(gpu_hours=gpu_s / 3600.0, pods_started=len(waits),
+                                       pending_p50_s=percentile(waits, 50), pending_p95_s=percentile(waits, 95),
+                                       pending_max_s=max(waits, default=0.0),
+                                       reclaims=self.team_reclaims.get(team.name, 0))
+        return out
+
     def result(self, scenario: Scenario, jobs: Sequence[Job]) -> StrategyResult:
         gpu_seconds = max(self.int_gpus, 1e-9)
         useful_hours = self.int_useful / 3600.0
@@ -238,6 +283,9 @@ class Collector:
             cost=self.cost,
             cost_per_useful_gpu_hour=self.cost / useful_hours if useful_hours > 0 else 0.0,
             spot_interruptions=self.spot_interruptions,
+            innocent_oom_kills=self.innocent_oom_kills,
+            guard_actions=self.guard_actions,
             classes=dict(sorted(classes.items())),
+            teams=self._teams(scenario),
             samples=self.samples,
         )

@@ -29,6 +29,8 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
     ("Memory util", "memory_util_pct", "pct", True),
     ("Completed", "pods_completed", "int", True),
     ("OOM kills", "oom_kills", "int", False),
+    ("  within share", "innocent_oom_kills", "int", False),
+    ("Guard actions", "guard_actions", "int", False),
     ("Jobs failed", "jobs_failed", "int", False),
     ("Pending p50", "pending_p50_s", "dur", False),
     ("Pending p95", "pending_p95_s", "dur", False),
@@ -102,6 +104,15 @@ def _table(report: SimulationReport, results: Sequence[StrategyResult], first: b
             text = _format(value, kind)
             cells.append(f"[bold green]{text}[/]" if best is not None and value == best else text)
         table.add_row(title_text, *cells)
+    for team in report.scenario.teams:  # per team: what it got, how long it waited, how often it was reclaimed
+        for title_text, attr, kind in (("GPU-h", "gpu_hours", "num"), ("wait p50", "pending_p50_s", "dur"),
+                                       ("wait p95", "pending_p95_s", "dur"), ("reclaims", "reclaims", "int")):
+            cells = []
+            for result in results:
+                stats = result.teams.get(team.name)
+                value = float(getattr(stats, attr)) if stats is not None else 0.0
+                cells.append(f"{value:,.1f}" if kind == "num" else _format(value, kind))
+            table.add_row(f"{team.name} {title_text}", *cells)
     return table
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 
 from kubegpu.config import field_path
-from kubegpu.errors import ConfigError
+from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import load_yaml_file, parse_yaml_text
 from kubegpu.sim.units import parse_duration
 
@@ -200,6 +200,36 @@ class SpotInterruptions(_Model):
         return value
 
 
+class TeamSpec(_Model):
+    """A team: its namespace, its elastic quota (`min` guaranteed, `max` the most it may use; GPU memory as
+    `kubegpu.io/gpu-memory` quantities, e.g. `320Gi`) and its share of the workload's jobs."""
+
+    name: str
+    min: str = "0"
+    max: str | None = None
+    share: float
+
+    @field_validator("min", "max")
+    @classmethod
+    def _amount(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kubegpu.scheduling.quantity import parse_quantity
+
+            try:
+                if parse_quantity(value) < 0:
+                    raise ValueError("must not be negative")
+            except KubegpuError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError("must be in (0, 1]")
+        return value
+
+
 class Scenario(_Model):
     name: str = "scenario"
     cluster: ClusterSpec
@@ -211,6 +241,7 @@ class Scenario(_Model):
     sample_interval: Seconds = 300.0
     node_bring_up: NodeBringUp = Field(default_factory=NodeBringUp)
     spot_interruptions: SpotInterruptions | None = None
+    teams: list[TeamSpec] = Field(default_factory=list)
     source_dir: str = Field(default=".", exclude=True)
 
     @field_validator("duration", "sample_interval")
@@ -218,6 +249,16 @@ class Scenario(_Model):
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("must be longer than zero")
+        return value
+
+    @field_validator("teams")
+    @classmethod
+    def _teams(cls, value: list[TeamSpec]) -> list[TeamSpec]:
+        names = [team.name for team in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"team names must be unique: {names}")
+        if value and sum(team.share for team in value) > 1 + 1e-9:
+            raise ValueError("the teams' shares add up to more than 1")
         return value
 
 

@@ -36,7 +36,7 @@ RETRY_BACKOFF_MAX_S = 300.0
 PODS_PER_NODE = 110
 
 # event kinds, in the order they are handled within one instant
-_FINISH, _OOM, _NODE, _ARRIVAL, _TICK, _SAMPLE = range(6)
+_FINISH, _OOM, _NODE, _ARRIVAL, _TICK, _SAMPLE, _GUARD = range(7)
 
 
 class InstanceInUseError(KubegpuError):
@@ -93,6 +93,8 @@ class Attempt:
     alloc_weight: float = 0.0
     memory_in_use: float = 0.0
     thread_fraction: float = 1.0
+    share_gib: float | None = None  # its memory share of a shared GPU (kubegpu.sharing.shares); None when unshared
+    guarded: bool = False  # the GPU-memory guard is evicting it (the `+guard` modifier)
 
     def sort_key(self) -> tuple[int, float, int]:
         return (-self.job.priority, self.queued_at, self.seq)
@@ -171,6 +173,7 @@ class SimCore:
     _capacity_version: dict[str, int]
     _failed_at: dict[GpuRequest, int]
     _dirty: bool
+    _teams: Any  # kubegpu.sim.teams.TeamAccount when the scenario has teams, else None
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         raise NotImplementedError

@@ -21,10 +21,15 @@ Writing a strategy (the partitioner and autoscaler do this in their own ``sim_st
 
     register_strategy("dynamic-mig", lambda argument: DynamicMig("dynamic-mig"))
 
-The name on the command line is ``name[:argument]`` (``time-slicing:4``); the factory gets the argument (or None)
-and raises ConfigError for a bad one. The simulator knows no component: the built-in strategies above register
-here, and a component offers its own as entry points in the ``kubegpu.sim.strategies`` group (pyproject.toml),
-name → factory, which `get_strategy` loads only when that name is asked for::
+The name on the command line is ``name[:argument][+modifier...]`` (``time-slicing:4``, ``time-slicing:4+guard``);
+the factory gets the argument (or None) and raises ConfigError for a bad one. A modifier adds something on top of a
+strategy (``+guard``: the GPU-memory guard on every node) — `register_modifier(name, apply)`, where ``apply(strategy)``
+returns the strategy it changed or raises ConfigError where it does not apply; components may offer theirs as entry
+points in the ``kubegpu.sim.modifiers`` group. Modifiers are parsed here and nowhere else.
+
+The simulator knows no component: the built-in strategies above register here, and a component offers its own as
+entry points in the ``kubegpu.sim.strategies`` group (pyproject.toml), name → factory, which `get_strategy` loads only
+when that name is asked for::
 
     [project.entry-points."kubegpu.sim.strategies"]
     dynamic-mig = "mypackage.sim_strategy:dynamic_mig"      # dynamic_mig(argument) -> Strategy
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
 GPU = GPU_RESOURCE
 GPU_SHARED = GPU_SHARED_RESOURCE
 ENTRY_POINT_GROUP = "kubegpu.sim.strategies"
+MODIFIER_ENTRY_POINT_GROUP = "kubegpu.sim.modifiers"
 
 
 @dataclass(frozen=True)
@@ -161,9 +167,11 @@ class BaseStrategy:
     """Defaults for a strategy: whole GPUs, no controller. Subclasses override what they change."""
 
     tick_interval: float | None = None
+    memory_shared: bool = False  # pods share a GPU's memory without isolation (time-slicing, MPS, shared claims)
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.guard: Any = None  # the `+guard` modifier's settings (kubegpu.sim.guard); None without it
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
         return NodeSetup()
@@ -184,6 +192,8 @@ class Exclusive(BaseStrategy):
 
 class TimeSlicing(BaseStrategy):
     """Every GPU advertised `replicas` times as `nvidia.com/gpu.shared` (NVIDIA's renameByDefault)."""
+
+    memory_shared = True
 
     def __init__(self, name: str, replicas: int) -> None:
         super().__init__(name)
@@ -331,10 +341,65 @@ def available_strategies() -> list[str]:
     return sorted(set(_REGISTRY) | set(_plugins()))
 
 
+Modifier = Callable[[Strategy], Strategy]
+_MODIFIERS: dict[str, Modifier] = {}
+_BUILTIN_MODIFIERS = {"guard": "kubegpu.sim.guard"}  # module that registers it, imported when first asked for
+
+
+def register_modifier(name: str, apply: Modifier) -> None:
+    """Make `<strategy>+name` available: `apply` changes the strategy (or raises ConfigError where it cannot)."""
+    _MODIFIERS[name] = apply
+
+
+@cache
+def _modifier_plugins() -> dict[str, EntryPoint]:
+    return {point.name: point for point in entry_points(group=MODIFIER_ENTRY_POINT_GROUP)}
+
+
+def _modifier(name: str) -> Modifier | None:
+    if name not in _MODIFIERS and name in _BUILTIN_MODIFIERS:
+        import importlib
+
+        importlib.import_module(_BUILTIN_MODIFIERS[name])
+    if name not in _MODIFIERS and name in _modifier_plugins():
+        _MODIFIERS[name] = _modifier_plugins()[name].load()
+    return _MODIFIERS.get(name)
+
+
+def available_modifiers() -> list[str]:
+    return sorted(set(_MODIFIERS) | set(_BUILTIN_MODIFIERS) | set(_modifier_plugins()))
+
+
+def split_spec(spec: str) -> tuple[str, str | None, list[str]]:
+    """`time-slicing:4+guard` → ("time-slicing", "4", ["guard"]): the one parser of strategy specs. Modifiers are
+    the known names peeled off the end, so an argument may still hold a `+` of its own
+    (`static-mig:all-balanced@a100+l40s+guard`)."""
+    known = set(available_modifiers())
+    base, modifiers = spec.strip(), list[str]()
+    while "+" in base:
+        head, _, last = base.rpartition("+")
+        if last.strip() not in known:
+            break
+        modifiers.insert(0, last.strip())
+        base = head
+    name, _, argument = base.partition(":")
+    return name, argument or None, modifiers
+
+
 def get_strategy(spec: str) -> Strategy:
-    """The strategy for `name[:argument]`; ConfigError naming the spec when unknown."""
-    name, _, argument = spec.strip().partition(":")
+    """The strategy for `name[:argument][+modifier...]`; ConfigError naming the spec when unknown."""
+    name, argument, modifiers = split_spec(spec)
     factory = _factory(name)
     if factory is None:
         raise ConfigError(f"unknown strategy {spec!r}; available: {', '.join(available_strategies())}")
-    return factory(argument or None)
+    if "+" in (argument or "") and name != "static-mig":
+        unknown = (argument or "").rpartition("+")[2]
+        raise ConfigError(f"strategy {spec!r}: unknown modifier {'+' + unknown!r}; available: "
+                          f"{', '.join('+' + m for m in available_modifiers())}")
+    strategy = factory(argument)
+    for modifier in modifiers:
+        apply = _modifier(modifier)
+        assert apply is not None  # split_spec only peels known names
+        strategy = apply(strategy)
+        strategy.name = f"{strategy.name}+{modifier}"
+    return strategy

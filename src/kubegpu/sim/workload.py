@@ -19,6 +19,7 @@ Trace format (YAML: a list of mappings, or a mapping with a ``jobs:`` list; CSV:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -180,8 +181,25 @@ def scenario_jobs(scenario: Scenario, duration: float | None = None) -> list[Job
     """The scenario's jobs: generated for its duration and seed, or read from its trace (relative to the file)."""
     horizon = scenario.duration if duration is None else duration
     if scenario.workload.classes is not None:
-        return generate(scenario.workload.classes, horizon, scenario.seed)
+        return assign_teams(generate(scenario.workload.classes, horizon, scenario.seed), scenario)
     trace = Path(scenario.workload.trace or "")
     if not trace.is_absolute():
         trace = Path(scenario.source_dir) / trace
-    return [job for job in load_trace(trace) if job.arrival < horizon]
+    return assign_teams([job for job in load_trace(trace) if job.arrival < horizon], scenario)
+
+
+def assign_teams(jobs: list[Job], scenario: Scenario) -> list[Job]:
+    """Each job to a team's namespace by the teams' shares (seeded; shares under 1 leave the rest where they were)."""
+    if not scenario.teams:
+        return jobs
+    rng = random.Random(scenario.seed * 7919 + 17)
+    out = []
+    for job in jobs:
+        draw, chosen = rng.random(), None
+        for team in scenario.teams:
+            if draw < team.share:
+                chosen = team.name
+                break
+            draw -= team.share
+        out.append(dataclasses.replace(job, namespace=chosen) if chosen else job)
+    return out

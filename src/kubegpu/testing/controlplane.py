@@ -5,6 +5,8 @@ kube-scheduler and kwok, plus kwok GPU nodes. Used by `scripts/control-plane.sh`
 DIR/logs/, records every process in DIR/pids *before* waiting for it (so `down` can always stop what was started, even
 after a failed `up`), and returns once /readyz answers and every node is Ready. `down(DIR)` stops exactly the processes
 listed in DIR/pids — each checked against the binary it was started from, so a recycled pid is never signalled.
+With `real_node=True`, `up` also starts containerd and a real kubelet (Node `real-node-0`, `kubegpu.testing.realnode`),
+and `down` tears that down first, leaving no process or mount behind.
 
 Every DRA feature gate of the release is switched on (read from `kube-apiserver --help`, so a version bump picks up
 new ones), and the API versions in `API_VERSIONS` are served besides the defaults.
@@ -29,12 +31,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from kubegpu.errors import KubegpuError
-from kubegpu.testing import k8sbuild
+from kubegpu.testing import k8sbuild, realnode
 from kubegpu.testing.kubeconfig import admin_cluster, write_kubeconfig
 from kubegpu.testing.kwoknodes import KWOK_SELECTOR, gpu_node, is_ready, node_names
 
 if TYPE_CHECKING:
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.testing.realnode import RealNode
 
 log = logging.getLogger("kubegpu.testing.controlplane")
 
@@ -68,6 +71,8 @@ class ControlPlane:
     nodes: list[str] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    feature_gates: list[str] = field(default_factory=list)
+    real_node: RealNode | None = None
 
 
 def free_port() -> int:
@@ -108,12 +113,14 @@ class _Launcher:
         self.ports: dict[str, int] = {}
         self._files: list[IO[bytes]] = []
 
-    def start(self, name: str, args: list[str]) -> None:
-        binary = self.bins / name
+    def start(self, name: str, args: list[str], binary: Path | None = None, env: dict[str, str] | None = None,
+              pass_fds: tuple[int, ...] = ()) -> None:
+        binary = binary or self.bins / name
         log_file = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - stays open for the child's lifetime
         self._files.append(log_file)
         process = subprocess.Popen([str(binary), *args], cwd=self.directory, stdin=subprocess.DEVNULL,
-                                   stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+                                   stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                   pass_fds=pass_fds)
         with open(self.directory / PIDS, "a") as pids:
             pids.write(f"{process.pid} {name} {binary}\n")
         self.processes[name] = process
@@ -176,8 +183,10 @@ def _clean_directory(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Path | None = None) -> ControlPlane:
-    """Start everything; on any failure stop what was started and raise ControlPlaneError naming the component."""
+def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Path | None = None,
+       real_node: bool = False, node_gpus: str | None = None) -> ControlPlane:
+    """Start everything; on any failure stop what was started and raise ControlPlaneError naming the component.
+    ``real_node``: also containerd and a real kubelet (Node `real-node-0` with ``node_gpus`` simulated GPUs)."""
     directory = Path(directory).resolve()
     if nodes < 0:
         raise ControlPlaneError(f"--nodes: must be >= 0, got {nodes}")
@@ -187,16 +196,26 @@ def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Pa
         raise ControlPlaneError(f"{bins}: missing {', '.join(missing)}; run `scripts/control-plane.sh build` first")
     node_objects = [gpu_node(name, gpus) for name in node_names(nodes)]  # bad --gpus fails before anything starts
     _clean_directory(directory)
+    lock_fd = None
+    if real_node:
+        node_gpus = node_gpus or realnode.DEFAULT_GPUS
+        lock_fd = realnode.preflight(directory, node_gpus)  # no root, binaries or lock: before anything starts
     started = time.monotonic()
     launcher = _Launcher(directory, bins)
     try:
         plane = _start(directory, bins, launcher)
+        if lock_fd is not None:
+            fd, lock_fd = lock_fd, None
+            plane.real_node = realnode.start(launcher, fd, plane.kubeconfig, directory / "pki" / "ca.crt",
+                                             plane.feature_gates, node_gpus or realnode.DEFAULT_GPUS)
         cluster = admin_cluster(plane.kubeconfig)
         for node in node_objects:
             cluster.create(node)
         plane.nodes = [node["metadata"]["name"] for node in node_objects]
         _wait_nodes_ready(cluster, plane.nodes, launcher)
     except BaseException:
+        if lock_fd is not None:
+            os.close(lock_fd)
         launcher.stop_started()
         launcher.close()
         down(directory)
@@ -232,13 +251,16 @@ def _start(directory: Path, bins: Path, launcher: _Launcher) -> ControlPlane:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--authorization-mode=Node,RBAC", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
         "--endpoint-reconciler-type=none",  # the loopback advertise address may not back the kubernetes Service
+        # pod logs, exec and port-forward through a real kubelet (its webhook authorises the admin identity)
+        f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",  # node names do not resolve here
         f"--runtime-config={','.join(f'{v}=true' for v in API_VERSIONS)}",
         f"--cert-dir={directory / 'pki' / 'apiserver'}", "--v=1",
     ]
     api_context = ssl.create_default_context(cafile=str(pki.ca_cert))
     api_context.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
-    gates = ",".join(f"{gate}=true" for gate in _start_apiserver(launcher, apiserver_args, f"{server}/readyz",
-                                                                 api_context))
+    gate_names = _start_apiserver(launcher, apiserver_args, f"{server}/readyz", api_context)
+    gates = ",".join(f"{gate}=true" for gate in gate_names)
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE  # the component's own in-memory self-signed certificate; health only
@@ -268,7 +290,7 @@ def _start(directory: Path, bins: Path, launcher: _Launcher) -> ControlPlane:
     # /readyz includes sched-handler-sync: informers synced, so the scheduler really schedules
     launcher.wait_ready("kube-scheduler", f"https://{HOST}:{ports['kube-scheduler']}/readyz", insecure)
     launcher.wait_ready("kwok", f"http://{HOST}:{ports['kwok']}/healthz", None)
-    return ControlPlane(directory, kubeconfig, server, ports=ports)
+    return ControlPlane(directory, kubeconfig, server, ports=ports, feature_gates=list(gate_names))
 
 
 def _wait_nodes_ready(cluster: LightkubeCluster, names: list[str], launcher: _Launcher) -> None:
@@ -366,6 +388,7 @@ def down(directory: Path | str) -> list[str]:
     """Stop the processes DIR/pids lists, last started first (clients before the API server, etcd last, so none
     hangs on a server already gone): SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the names stopped."""
     directory = Path(directory).resolve()
+    node_stopped = realnode.teardown(directory, _read_pids(directory))  # before the API server the kubelet needs
     entries = [(pid, name, binary) for pid, name, binary in _read_pids(directory) if _is_ours(pid, binary)]
     clients = [entry for entry in entries if entry[1] not in ("kube-apiserver", "etcd")]
     for stage in (clients, [e for e in entries if e[1] == "kube-apiserver"], [e for e in entries if e[1] == "etcd"]):
@@ -382,7 +405,24 @@ def down(directory: Path | str) -> list[str]:
             _reap(pid)
     (directory / PIDS).unlink(missing_ok=True)
     _remove_tree(directory / "etcd")
-    return [name for _, name, _ in entries]
+    return node_stopped + [name for _, name, _ in entries]
+
+
+def _stop(pid: int, binary: str, name: str) -> None:
+    """SIGTERM one recorded process (its process group), SIGKILL after STOP_TIMEOUT_S; returns once it is gone."""
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _is_ours(pid, binary) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.05)
+    if _is_ours(pid, binary):
+        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, STOP_TIMEOUT_S)
+        _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _is_ours(pid, binary) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.05)
+    _reap(pid)
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -421,10 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="build (or reuse) the binaries; prints their directory")
     build_cmd.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    build_cmd.add_argument("--no-real-node", dest="real_node", action="store_false",
+                           help="only the control plane, not the real node's kubelet, containerd, runc and images")
     up_cmd = commands.add_parser("up", help="start everything in DIR; returns once the API server and nodes are ready")
     up_cmd.add_argument("directory", metavar="DIR", type=Path)
-    up_cmd.add_argument("--nodes", type=int, default=1, help="kwok GPU nodes to create (default 1)")
-    up_cmd.add_argument("--gpus", default=DEFAULT_GPUS, help=f"GPUs per node, COUNTxMODEL (default {DEFAULT_GPUS})")
+    up_cmd.add_argument("--nodes", type=int, default=None, help="kwok GPU nodes to create (default 1; 0 with "
+                        "--real-node)")
+    up_cmd.add_argument("--gpus", default=None, help=f"GPUs per node, COUNTxMODEL (default {DEFAULT_GPUS}; "
+                        "2xA100-SXM4-80GB for the real node)")
+    up_cmd.add_argument("--real-node", action="store_true", help="also start containerd and a real kubelet "
+                        "(Node real-node-0, simulated GPUs in DIR/real-node-0.json; needs root)")
     down_cmd = commands.add_parser("down", help="stop the processes DIR/pids lists")
     down_cmd.add_argument("directory", metavar="DIR", type=Path)
     args = parser.parse_args(argv)
@@ -433,9 +479,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             print(k8sbuild.build(force=args.force))
+            if args.real_node:
+                from kubegpu.testing import nodebuild
+
+                print(nodebuild.build(force=args.force))
         elif args.command == "up":
-            plane = up(args.directory, nodes=args.nodes, gpus=args.gpus)
+            nodes = args.nodes if args.nodes is not None else (0 if args.real_node else 1)
+            plane = up(args.directory, nodes=nodes, gpus=args.gpus or DEFAULT_GPUS, real_node=args.real_node,
+                       node_gpus=args.gpus)
             print(f"export KUBECONFIG={plane.kubeconfig}")
+            if plane.real_node is not None:
+                node = plane.real_node
+                print(f"# real node {node.name}: --gpu-backend {node.gpu_backend}; DRA --kubelet-plugins-dir "
+                      f"{node.paths.plugins_dir} --kubelet-registrar-dir {node.paths.registry_dir}; images "
+                      f"{node.test_image} and {node.pause_image} (also in {node.paths.images_file})")
         else:
             stopped = down(args.directory)
             log.info("stopped %s", ", ".join(stopped) or "nothing (no live process in DIR/pids)")

@@ -138,9 +138,10 @@ def _go() -> str:
     return go
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+    env.update(extra or {})
     return env
 
 
@@ -149,9 +150,9 @@ _PROXY_FAILURE = re.compile(r"dial tcp|no such host|i/o timeout|connection refus
                             r"verifying module", re.IGNORECASE)
 
 
-def _run_go(args: list[str], module: Path, what: str) -> str:
+def _run_go(args: list[str], module: Path, what: str, env: dict[str, str] | None = None) -> str:
     try:
-        result = subprocess.run([_go(), *args], cwd=module, env=_go_env(), capture_output=True, text=True,
+        result = subprocess.run([_go(), *args], cwd=module, env=_go_env(env), capture_output=True, text=True,
                                 timeout=GO_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise KubegpuError(f"{what}: `go {' '.join(args[:2])}` ran longer than {GO_TIMEOUT_S}s") from None

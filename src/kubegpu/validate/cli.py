@@ -30,7 +30,7 @@ _INTERVAL = duration_option(5.0, "--interval", help="Time between tries.")
 
 
 def _address(address: str) -> str:
-    from kubegpu.httpserver import parse_listen_address
+    from kubegpu.endpoints import parse_listen_address
 
     parse_listen_address(address, "--address")
     return address

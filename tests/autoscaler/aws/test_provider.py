@@ -73,7 +73,7 @@ def test_nodeclass_resolves_subnets_groups_and_amis_from_tags(account: Account) 
 
 def test_nodeclass_with_no_matching_subnet_is_not_ready(account: Account) -> None:
     provider = provider_for(account, subnetSelectorTerms=[{"tags": {"karpenter.sh/discovery": "other"}}])
-    with pytest.raises(NodeClassNotReadyError, match="no subnet matches subnetSelectorTerms"):
+    with pytest.raises(NodeClassNotReadyError, match=r"SubnetsReady=False: subnetSelectorTerms .* matched no subnet"):
         provider.nodeclass("gpu")
     assert provider.instance_types(gpu_pool()) == []
 

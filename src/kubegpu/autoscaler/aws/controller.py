@@ -64,7 +64,8 @@ class AwsAutoscaler(Autoscaler):
         self.aws.nodeclasses = classes
         for name in classes:
             try:
-                status: dict[str, Any] = self.aws.nodeclass(name).status.model_dump(mode="json", exclude_none=True)
+                # ready or not: a class that is not shows why in its conditions, as Karpenter's do
+                status: dict[str, Any] = self.aws.resolved(name).status.model_dump(mode="json", exclude_none=True)
             except KubegpuError as exc:
                 self.log(str(exc))
                 continue

@@ -305,11 +305,15 @@ class CapacityReservationStatus(ApiModel):
 
 
 class Condition(BaseModel):
+    """A Kubernetes condition as Karpenter writes them (kubegpu.autoscaler.aws.conditions computes them)."""
+
     model_config = ConfigDict(extra="allow")
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
     message: str = ""
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
 
 
 class EC2NodeClassStatus(ApiModel):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws import labels as A
 from kubegpu.autoscaler.aws.clients import AwsApiError, AwsClients, call, paginate
+from kubegpu.autoscaler.aws.conditions import pool_reason
 from kubegpu.autoscaler.aws.instancetypes import AwsOffering, InstanceTypeProvider, UnavailableOfferings
 from kubegpu.autoscaler.aws.launch import (
     CAPACITY_ERRORS,
@@ -104,8 +105,9 @@ class AwsProvider:
         self.fleet_requests: list[dict[str, Any]] = []
 
     # -- NodeClasses ------------------------------------------------------------------------------------------------
-    def nodeclass(self, name: str) -> EC2NodeClass:
-        """The class with its status resolved (re-resolved every minute); NodeClassNotReadyError if unusable."""
+    def resolved(self, name: str) -> EC2NodeClass:
+        """The class with its status and conditions resolved (re-resolved every minute), ready or not;
+        NodeClassNotReadyError only if there is no such class."""
         spec = self.nodeclasses.get(name)
         if spec is None:
             raise NodeClassNotReadyError(f"EC2NodeClass {name!r} not found")
@@ -113,10 +115,24 @@ class AwsProvider:
         if hit is None or self.clock.now() - hit[0] >= NODECLASS_REFRESH:
             status = resolve(self.clients, spec, self.k8s_version, self.ssm_prefix)
             hit = self._resolved[name] = (self.clock.now(), spec.model_copy(update={"status": status}))
-        why = ready_message(hit[1].status)
-        if why is not None:
-            raise NodeClassNotReadyError(f"EC2NodeClass {name}: not ready: {why}")
         return hit[1]
+
+    def nodeclass(self, name: str) -> EC2NodeClass:
+        """The resolved class; NodeClassNotReadyError if it is unknown or not Ready."""
+        resolved = self.resolved(name)
+        why = ready_message(resolved.status)
+        if why is not None:
+            raise NodeClassNotReadyError(f"EC2NodeClass {name} is not ready: {why}")
+        return resolved
+
+    def pool_not_ready(self, nodepool: NodePool) -> str | None:
+        """Why the pool launches nothing because of its EC2NodeClass (the reason its pods are told), or None."""
+        try:
+            name = self._class_name(nodepool.spec.template.spec.nodeClassRef.model_dump())
+            why = ready_message(self.resolved(name).status)
+        except NodeClassNotReadyError as exc:
+            return f"nodepool {nodepool.name}: {exc}"
+        return None if why is None else pool_reason(nodepool.name, name, why)
 
     def _class_name(self, ref: Mapping[str, Any] | None) -> str:
         ref = ref or {}

@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.aws import conditions
 from kubegpu.autoscaler.aws import labels as A
 from kubegpu.autoscaler.aws.clients import AwsApiError, AwsClients, call, paginate
 from kubegpu.autoscaler.aws.nodeclass import (
     AMISelectorTerm,
     AMIStatus,
     CapacityReservationStatus,
-    Condition,
     EC2NodeClass,
     EC2NodeClassStatus,
     SecurityGroupStatus,
@@ -174,8 +174,19 @@ def resolve_capacity_reservations(clients: AwsClients, nodeclass: EC2NodeClass,
     return sorted(found.values(), key=lambda r: r.id)
 
 
-def _condition(kind: str, ok: bool, reason: str, message: str = "") -> Condition:
-    return Condition(type=kind, status="True" if ok else "False", reason=reason if not ok else kind, message=message)
+def instance_profile_problem(clients: AwsClients, nodeclass: EC2NodeClass) -> str | None:
+    """Why the class's `instanceProfile` cannot be used (it does not exist), or None. With `role` there is nothing
+    to look up: the role is the launch's business. A lookup that fails otherwise (no iam:GetInstanceProfile
+    permission) is not taken as a missing profile: it does not stop launches."""
+    name = nodeclass.spec.instanceProfile
+    if not name:
+        return None
+    try:
+        call(clients.client("iam"), "get_instance_profile", InstanceProfileName=name)
+    except AwsApiError as exc:
+        if exc.code == "NoSuchEntity":
+            return f"instanceProfile {name!r} does not exist"
+    return None
 
 
 def resolve(clients: AwsClients, nodeclass: EC2NodeClass, k8s_version: str = DEFAULT_K8S_VERSION,
@@ -186,28 +197,17 @@ def resolve(clients: AwsClients, nodeclass: EC2NodeClass, k8s_version: str = DEF
     amis = resolve_amis(clients, nodeclass, k8s_version, ssm_prefix)
     reservations = resolve_capacity_reservations(clients, nodeclass, now) \
         if nodeclass.spec.capacityReservationSelectorTerms else []
-    conditions = [
-        _condition("SubnetsReady", bool(subnets), "SubnetsNotFound", "no subnet matches subnetSelectorTerms"),
-        _condition("SecurityGroupsReady", bool(groups), "SecurityGroupsNotFound",
-                   "no security group matches securityGroupSelectorTerms"),
-        _condition("AMIsReady", bool(amis), "AMINotFound", "no AMI matches amiSelectorTerms"),
-        _condition("CapacityReservationsReady", True, ""),
-        _condition("ValidationSucceeded", True, ""),
-    ]
-    not_ready = [c for c in conditions if c.status != "True"]
-    conditions.insert(0, _condition("Ready", not not_ready, "NotReady",
-                                    "; ".join(c.message for c in not_ready)))
     profile = nodeclass.spec.instanceProfile
-    return EC2NodeClassStatus(subnets=subnets, securityGroups=groups, amis=amis, capacityReservations=reservations,
-                              instanceProfile=profile, conditions=conditions)
+    status = EC2NodeClassStatus(subnets=subnets, securityGroups=groups, amis=amis, capacityReservations=reservations,
+                                instanceProfile=profile)
+    status.conditions = conditions.compute(nodeclass, status, now=now,
+                                           profile_problem=instance_profile_problem(clients, nodeclass))
+    return status
 
 
 def ready_message(status: EC2NodeClassStatus) -> str | None:
     """Why the class cannot launch (its Ready condition's message), or None when it can."""
-    for cond in status.conditions:
-        if cond.type == "Ready":
-            return None if cond.status == "True" else (cond.message or cond.reason)
-    return "not resolved yet"
+    return conditions.not_ready(status)
 
 
 def zones(status: EC2NodeClassStatus) -> Sequence[str]:

@@ -3,6 +3,9 @@
 Decoded strictly like NVIDIA's driver (unknown fields are an error) so a typo fails the claim with a message instead
 of silently giving an unshared GPU. A bad config fails only the claim carrying it (NodePrepareResources reports it in
 that claim's `error`). Pure: dicts in, `Sharing` out.
+
+It lives in the sharing core, not in the DRA driver, because more than the driver reads it: the GPU-memory guard
+derives a shared claim's memory share from the same config the driver prepared the claim with.
 """
 
 from __future__ import annotations

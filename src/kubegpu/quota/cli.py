@@ -1,0 +1,120 @@
+"""`kubegpu quota explain | manifests | controller`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from kubegpu.cliopts import FORMATS, duration_option, emit, legacy_alias, output_option
+from kubegpu.errors import ConfigError
+from kubegpu.files import load_yaml_file
+from kubegpu.sharing.charges import DEFAULT_MODEL, ChargeTable, PodCharge, pod_charge, quantity_of_bytes
+
+quota_app = typer.Typer(help="GPU quotas in kubegpu.io/gpu-memory: explain a pod's charge, ship the policy.",
+                        no_args_is_help=True)
+
+
+def _pod_of(document: object, source: str) -> Mapping[str, Any]:
+    """The pod a file describes: a Pod, or the pod template of a workload (Deployment, Job, ...), named after it."""
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{source}: expected a Pod (a mapping), got {type(document).__name__}")
+    kind = document.get("kind") or "Pod"
+    if kind == "Pod":
+        return document
+    spec = document.get("spec") or {}
+    template = spec.get("template") or (spec.get("jobTemplate") or {}).get("spec", {}).get("template")
+    if not isinstance(template, Mapping):
+        raise ConfigError(f"{source}: kind {kind} has no pod template (spec.template); expected a Pod")
+    meta = dict(document.get("metadata") or {})
+    template_meta = {**(template.get("metadata") or {}), "name": meta.get("name", ""),
+                     "namespace": meta.get("namespace") or (template.get("metadata") or {}).get("namespace")}
+    return {**template, "metadata": template_meta}
+
+
+def _table(config: Path | None, default_model: str) -> ChargeTable:
+    if config is None:
+        return ChargeTable(default_model=default_model)
+    from kubegpu.config.deviceplugin_models import load_device_plugin_config
+
+    return ChargeTable.from_device_plugin_config(load_device_plugin_config(config), default_model)
+
+
+def _print_table(charge: PodCharge) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kubegpu.io/gpu-memory charged to pod {charge.pod}")
+    for column in ("container", "resource", "count", "each", "total"):
+        table.add_column(column, justify="right" if column in ("count", "each", "total") else "left")
+    for line in charge.lines:
+        table.add_row(line.container, line.resource, str(line.count), quantity_of_bytes(line.bytes_each),
+                      quantity_of_bytes(line.total))
+    console = Console()
+    console.print(table)
+    console.print(f"total: {quantity_of_bytes(charge.gpu_memory_bytes)} ({charge.gpu_memory_bytes} bytes)")
+
+
+@quota_app.command("explain")
+def explain_command(
+    file: Path = typer.Option(..., "--file", "-f", help="The pod (YAML or JSON; or a workload with a pod template)."),
+    config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config (version: v1): the "
+                                       "replicas of time-slicing / MPS resources, as the nodes have them."),
+    output: str = output_option("table", FORMATS),
+    default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
+                                      help="GPU model charged for nvidia.com/gpu when the pod selects none."),
+) -> None:
+    """The kubegpu.io/gpu-memory a pod is charged, line by line."""
+    table = _table(config, default_model)
+    charge = pod_charge(_pod_of(load_yaml_file(file), str(file)), table)
+    emit(charge.as_json(), output, table=lambda: _print_table(charge))
+
+
+@quota_app.command("manifests")
+def manifests_command(
+    output_dir: Path = typer.Option(..., "--output-dir", metavar="DIR", help="Directory for the plain manifests."),
+    config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config the table's replicas "
+                                       "come from (default: nvidia.com/gpu.shared with 4 replicas)."),
+    default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
+                                      help="GPU model charged for nvidia.com/gpu when a pod selects none."),
+) -> None:
+    """Write deploy/kubernetes/quota/ (applied in file-name order): the CRD, the charge table, the policies."""
+    from kubegpu.quota.manifests import write_manifests
+
+    for path in write_manifests(output_dir, _table(config, default_model)):
+        typer.echo(str(path))
+
+
+@quota_app.command("controller")
+def controller_command(
+    leader_elect: bool = typer.Option(True, "--leader-elect/--no-leader-elect",
+                                      help="Act only while holding the kubegpu-quota Lease."),
+    namespace: str = typer.Option("kubegpu", "--namespace", help="Namespace of the leader Lease."),
+    interval: float = duration_option(2.0, "--interval", positive=True, help="Time between passes."),
+    lease_duration: float = duration_option(15.0, "--lease-duration", positive=True,
+                                            help="How long a leader holds the Lease."),
+) -> None:
+    """Run the elastic-quota controller: lift kubegpu.io/quota gates, reclaim borrowed pods, report used."""
+    import logging
+    import os
+    import socket
+
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+    from kubegpu.quota.controller import QuotaController, run
+    from kubegpu.shutdown import stop_on_signals
+
+    if interval <= 0 or lease_duration <= 0:
+        raise ConfigError("--interval and --lease-duration must be positive")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    controller = QuotaController(LightkubeCluster(), identity=identity, leader_elect=leader_elect,
+                                 lease_namespace=namespace, lease_duration=lease_duration)
+    stop = stop_on_signals()
+    run(controller, interval, stop.is_set)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(quota_app, name="quota")
+    legacy_alias("quota manifests", "-o", "--output-dir")

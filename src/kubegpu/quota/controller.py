@@ -1,0 +1,202 @@
+"""The elastic-quota controller: reads ElasticQuotas, GPU pods and nodes, lifts `kubegpu.io/quota` gates, evicts
+borrowed pods when a team under its `min` needs its guarantee back, and records each team's `status.used`.
+
+Driven by `tick(now)` on a `Cluster`, like the partitioner and the autoscaler, so the same code runs against a real
+API server (`kubegpu quota controller`), the in-memory store in tests, and the simulator; one replica acts, the others
+wait on the `kubegpu-quota` Lease. The decision itself is `kubegpu.quota.elastic.decide` (pure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubegpu.errors import KubegpuError
+from kubegpu.kube import Cluster, record_event
+from kubegpu.kube.cluster import parse_timestamp
+from kubegpu.kube.errors import Conflict, NotFound
+from kubegpu.kube.leader import LeaderElector
+from kubegpu.quota.api import KIND, parse_elastic_quota
+from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
+from kubegpu.quota.policy import QUOTA_GATE
+from kubegpu.scheduling import is_finished, parse_quantity, pod_requests
+from kubegpu.sharing.charges import quantity_of_bytes
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
+
+log = logging.getLogger("kubegpu.quota")
+COMPONENT = "kubegpu-quota"
+LEASE_NAME = "kubegpu-quota"
+
+
+def has_quota_gate(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == QUOTA_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+
+
+def quota_pod(pod: Mapping[str, Any]) -> QuotaPod | None:
+    """The decision's view of a pod; None for a pod that asks for no GPU memory or is finished."""
+    if is_finished(pod):
+        return None
+    try:
+        requests = pod_requests(pod)
+    except KubegpuError:
+        return None
+    amounts = {name: requests[name] for name in RESOURCES if requests.get(name)}
+    if not amounts.get(GPU_MEMORY_RESOURCE):
+        return None
+    meta = pod.get("metadata") or {}
+    return QuotaPod(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name", "")),
+                    amounts=amounts, created=parse_timestamp(meta.get("creationTimestamp")) or 0.0,
+                    gated=has_quota_gate(pod), bound=bool((pod.get("spec") or {}).get("nodeName")),
+                    terminating=bool(meta.get("deletionTimestamp")))
+
+
+def team_quota(obj: Mapping[str, Any]) -> TeamQuota:
+    spec = parse_elastic_quota(obj)
+    meta = obj.get("metadata") or {}
+
+    def amounts(values: Mapping[str, str]) -> dict[str, float]:
+        return {name: parse_quantity(value) for name, value in values.items()}
+
+    return TeamQuota(str(meta.get("namespace") or "default"), amounts(spec.min),
+                     amounts(spec.max) if spec.max is not None else None)
+
+
+def cluster_capacity(nodes: list[dict[str, Any]]) -> float:
+    """The `kubegpu.io/gpu-memory` the cluster's schedulable nodes advertise."""
+    total = 0.0
+    for node in nodes:
+        if (node.get("spec") or {}).get("unschedulable"):
+            continue
+        value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_MEMORY_RESOURCE)
+        if value is not None:
+            try:
+                total += parse_quantity(value)
+            except KubegpuError:
+                continue
+    return total
+
+
+def evict(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Evict through the Eviction API (PodDisruptionBudgets hold: False when one says not now); the in-memory store
+    has no subresources, so there the pod is deleted."""
+    client = getattr(cluster, "client", None)
+    if client is None:
+        with contextlib.suppress(NotFound):
+            cluster.delete("Pod", name, namespace)
+        return True
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    try:
+        client.create(Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 429:
+            return False
+        if exc.status.code != 404:
+            raise KubegpuError(f"evict pod {namespace}/{name}: {exc.status.message}") from None
+    return True
+
+
+@dataclass
+class TickResult:
+    acted: bool = False
+    lifted: int = 0
+    evicted: int = 0
+    decision: Decision | None = None
+
+
+@dataclass
+class QuotaController:
+    cluster: Cluster
+    identity: str = "kubegpu-quota"
+    leader_elect: bool = True
+    lease_namespace: str = "kubegpu"
+    lease_duration: float = 15.0
+    workers: int = 8
+    elector: LeaderElector | None = field(default=None, init=False)
+    _bad: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        if self.leader_elect:
+            self.elector = LeaderElector(self.cluster, self.identity, LEASE_NAME, self.lease_namespace,
+                                         lease_duration=self.lease_duration)
+
+    def tick(self, now: float) -> TickResult:
+        if self.elector is not None and not self.elector.try_acquire(now):
+            return TickResult()
+        quota_objects = self.cluster.list(KIND)
+        quotas = []
+        for obj in quota_objects:
+            try:
+                quotas.append(team_quota(obj))
+            except KubegpuError as exc:  # one bad quota is reported on itself; the other teams go on
+                key = f"{obj['metadata'].get('namespace')}/{obj['metadata'].get('name')}"
+                if key not in self._bad:
+                    self._bad.add(key)
+                    record_event(self.cluster, obj, "InvalidElasticQuota", str(exc), component=COMPONENT)
+        pods = self.cluster.list("Pod")
+        by_key = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p
+                  for p in pods}
+        views = [view for view in map(quota_pod, pods) if view is not None]
+        decision = decide(quotas, views, cluster_capacity(self.cluster.list("Node")))
+        lifted = self._lift([by_key[p.key] for p in decision.lift])
+        evicted = 0
+        for eviction in decision.evict:
+            if evict(self.cluster, eviction.pod.namespace, eviction.pod.name):
+                evicted += 1
+                record_event(self.cluster, by_key[eviction.pod.key], "QuotaReclaimed", eviction.reason,
+                             component=COMPONENT)
+        self._write_status(quota_objects, decision)
+        return TickResult(True, lifted, evicted, decision)
+
+    def _lift(self, pods: list[dict[str, Any]]) -> int:
+        def one(pod: dict[str, Any]) -> bool:
+            meta = pod["metadata"]
+            remaining = [g for g in pod["spec"].get("schedulingGates") or () if g.get("name") != QUOTA_GATE]
+            try:
+                self.cluster.patch("Pod", meta["name"], {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                                                         "spec": {"schedulingGates": remaining or None}},
+                                   namespace=meta.get("namespace"))
+            except (NotFound, Conflict):  # gone or changed since the list: the next pass sees it afresh
+                return False
+            return True
+
+        if len(pods) <= 1 or self.workers <= 1:
+            return sum(one(p) for p in pods)
+        with ThreadPoolExecutor(self.workers) as pool:
+            return sum(pool.map(one, pods))
+
+    def _write_status(self, quota_objects: list[dict[str, Any]], decision: Decision) -> None:
+        for obj in quota_objects:
+            meta = obj.get("metadata") or {}
+            used = decision.used.get(str(meta.get("namespace")), {})
+            wanted = {GPU_MEMORY_RESOURCE: quantity_of_bytes(int(used.get(GPU_MEMORY_RESOURCE, 0.0))) or "0"}
+            if GPU_RESOURCE in used:
+                wanted[GPU_RESOURCE] = str(int(used[GPU_RESOURCE]))
+            if (obj.get("status") or {}).get("used") == wanted:
+                continue
+            try:
+                self.cluster.patch(KIND, meta["name"], {"status": {"used": wanted}}, namespace=meta.get("namespace"),
+                                   subresource="status")
+            except (NotFound, Conflict):
+                continue
+
+
+def run(controller: QuotaController, interval: float, stop: Callable[[], bool],
+        now: Callable[[], float] = time.time) -> None:
+    """The `kubegpu quota controller` loop: one pass every `interval` seconds until `stop()`."""
+    while not stop():
+        started = now()
+        try:
+            result = controller.tick(started)
+            if result.lifted or result.evicted:
+                log.info("quota: lifted %d gate(s), evicted %d borrowed pod(s)", result.lifted, result.evicted)
+        except KubegpuError as exc:
+            log.warning("quota pass failed: %s", exc)
+        time.sleep(max(0.0, interval - (now() - started)))

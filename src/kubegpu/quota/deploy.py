@@ -1,0 +1,46 @@
+"""The quota controller's Deployment and RBAC (one place for the plain manifests, the operator and the chart)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubegpu.quota.policy import LABELS, NAMESPACE
+
+NAME = "kubegpu-quota"
+IMAGE = "ghcr.io/kubegpu/kubegpu:0.1.0"
+
+
+def controller_objects(namespace: str = NAMESPACE, image: str = IMAGE, replicas: int = 1) -> list[dict[str, Any]]:
+    """ServiceAccount, ClusterRole (+binding) and the Deployment running `kubegpu quota controller`."""
+    labels = {**LABELS, "app.kubernetes.io/name": NAME}
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["kubegpu.io"], "resources": ["elasticquotas"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["kubegpu.io"], "resources": ["elasticquotas/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    ]
+    container = {
+        "name": "quota", "image": image, "args": ["quota", "controller", "--leader-elect", f"--namespace={namespace}"],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "namespace": namespace,
+                                                                   "labels": labels}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": NAME, "labels": labels}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": NAME, "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": NAME, "namespace": namespace,
+                                                                    "labels": labels},
+         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+                  "template": {"metadata": {"labels": labels},
+                               "spec": {"serviceAccountName": NAME, "containers": [container]}}}},
+    ]

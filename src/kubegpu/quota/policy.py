@@ -1,0 +1,208 @@
+"""The admission side of GPU quotas, as in-tree CEL policies (no webhook): the objects `deploy/kubernetes/quota/`,
+the operator and the chart ship.
+
+Kubernetes 1.36 made MutatingAdmissionPolicy GA (`admissionregistration.k8s.io/v1`, on by default; the pinned 1.37
+serves it), so the charge is added inside the API server: no webhook to run, certify or keep available. Every rule of
+`kubegpu.sharing.charges` can be written in CEL over the pod and the table ConfigMap (`charges.table_data`): the GPU
+model from the node selector or required affinity, sizes read from MIG / MPS names with the same pattern, replicas from
+the table. So there is no webhook at all.
+
+* `kubegpu-gpu-memory` (MutatingAdmissionPolicy, pods CREATE): each container that asks for GPU resources and has no
+  `kubegpu.io/gpu-memory` (or 0, what a LimitRange's `default: 0` gives) gets its charge in requests and limits
+  (server-side-apply merge, so nothing else moves);
+* `kubegpu-gpu-memory` (ValidatingAdmissionPolicy): a container whose own value is below its charge is refused with a
+  message naming the pod, the container and the right value (a larger value is kept: it is the user's to give);
+* `kubegpu-quota-gate` (MutatingAdmissionPolicy, parameter: the namespace's `ElasticQuota`s): a GPU pod in a namespace
+  with an ElasticQuota starts behind the scheduling gate `kubegpu.io/quota`, which the quota controller lifts. A
+  namespace without one finds no parameter and is left alone (`parameterNotFoundAction: Allow`). Its failure policy
+  is `Ignore`: until the API server has synced the ElasticQuota kind (seconds after the CRD appears), or if the CRD
+  is removed, GPU pods are admitted ungated rather than refused — a quota wait is a courtesy, the charge is the law.
+
+The CEL is kept here, once, and rendered into every shipped copy; a test checks the copies are fresh and the real
+API server test checks that the CEL and `kubegpu.sharing.charges` agree on every resource kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubegpu.sharing.charges import (
+    GIB,
+    TABLE_DEFAULT_KEY,
+    TABLE_PRODUCT_PREFIX,
+    TABLE_REPLICAS_PREFIX,
+    ChargeTable,
+    table_data,
+)
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_PRODUCT_LABEL
+
+NAMESPACE = "kubegpu"
+TABLE_NAME = "kubegpu-gpu-memory"
+CHARGE_POLICY = "kubegpu-gpu-memory"
+GATE_POLICY = "kubegpu-quota-gate"
+QUOTA_GATE = "kubegpu.io/quota"
+LABELS = {"app.kubernetes.io/part-of": "kubegpu", "app.kubernetes.io/component": "quota"}
+MAP_API = "admissionregistration.k8s.io/v1"
+
+# ---------------------------------------------------------------------------------------------- CEL
+
+_NAMED = r"^nvidia[.]com/(mig-.*[0-9]+gb.*|gpu-[0-9]+gb([.]shared)?)$"
+"""The names that carry their size (`charges.named_memory_gib`): MIG profiles and MPS slices, `.shared` replicas too."""
+
+_PRODUCTS = f"""
+has(object.spec.nodeSelector) && '{GPU_PRODUCT_LABEL}' in object.spec.nodeSelector
+  ? [object.spec.nodeSelector['{GPU_PRODUCT_LABEL}']]
+  : (has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity)
+     && has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)
+     ? object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.map(t,
+         has(t.matchExpressions)
+           ? t.matchExpressions.filter(e, e.key == '{GPU_PRODUCT_LABEL}' && e.operator == 'In' && has(e.values))
+               .map(e, e.values).flatten()
+           : []).flatten()
+     : [])
+""".strip()
+
+_WHOLE = f"""
+variables.products.size() == 0
+  ? int(params.data['{TABLE_DEFAULT_KEY}'])
+  : variables.products.map(p, ('{TABLE_PRODUCT_PREFIX}' + p) in params.data
+      ? int(params.data['{TABLE_PRODUCT_PREFIX}' + p]) : int(params.data['{TABLE_DEFAULT_KEY}'])).max()
+""".strip()
+
+
+def _charges(field: str) -> str:
+    """CEL: one int per container of `object.spec.<field>`: what its GPU requests are charged, in bytes."""
+    replicas_key = f"'{TABLE_REPLICAS_PREFIX}' + k.replace('/', '_')"
+    return f"""
+!has(object.spec.{field}) ? [] : object.spec.{field}.map(c,
+  has(c.resources) && has(c.resources.requests)
+    ? c.resources.requests.transformList(k, v, k.startsWith('nvidia.com/'),
+        quantity(string(v)).asInteger()
+        * ((k.matches('{_NAMED}') ? int(k.find('[0-9]+gb').replace('gb', '')) * {GIB} : variables.whole)
+           / (({replicas_key}) in params.data ? int(params.data[{replicas_key}]) : 1))).sum()
+    : 0)
+""".strip()
+
+
+def _quantities(charges: str) -> str:
+    """CEL: the charges as quantities, in Gi or Mi where exact (as `charges.quantity_of_bytes`)."""
+    return (f"variables.{charges}.map(b, b % {GIB} == 0 ? string(b / {GIB}) + 'Gi' "
+            f": (b % 1048576 == 0 ? string(b / 1048576) + 'Mi' : string(b)))")
+
+
+def _owns(c: str) -> str:
+    return f"(has({c}.resources) && has({c}.resources.requests) && '{GPU_MEMORY_RESOURCE}' in {c}.resources.requests)"
+
+
+def _own_value(c: str) -> str:
+    return f"quantity(string({c}.resources.requests['{GPU_MEMORY_RESOURCE}'])).asInteger()"
+
+
+_ASKS_FOR_GPUS = """
+object.spec.containers.exists(c, has(c.resources) && (
+    (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))
+    || (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/')))))
+|| (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && (
+    (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))
+    || (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))))))
+""".strip()
+
+_POD_NAME = ("(has(object.metadata.name) && object.metadata.name != '' ? object.metadata.name "
+             ": (has(object.metadata.generateName) ? object.metadata.generateName : ''))")
+
+
+def _variables() -> list[dict[str, str]]:
+    return [
+        {"name": "products", "expression": _PRODUCTS},
+        {"name": "whole", "expression": _WHOLE},
+        {"name": "charges", "expression": _charges("containers")},
+        {"name": "initCharges", "expression": _charges("initContainers")},
+        {"name": "quantities", "expression": _quantities("charges")},
+        {"name": "initQuantities", "expression": _quantities("initCharges")},
+    ]
+
+
+def _apply(field: str, charges: str, quantities: str) -> str:
+    patch = (f"Object.spec.{field}{{name: c.name, resources: Object.spec.{field}.resources{{"
+             f"requests: {{'{GPU_MEMORY_RESOURCE}': variables.{quantities}[i]}}, "
+             f"limits: {{'{GPU_MEMORY_RESOURCE}': variables.{quantities}[i]}}}}}}")
+    # an own value of 0 counts as none: a LimitRange's `default: 0` gives every container one, GPU or not
+    pick = f"variables.{charges}[i] > 0 && !({_owns('c')} && {_own_value('c')} > 0)"
+    return (f"!has(object.spec.{field}) ? Object{{}} : "
+            f"Object{{spec: Object.spec{{{field}: object.spec.{field}.transformList(i, c, {pick}, {patch})}}}}")
+
+
+def _too_small(field: str, charges: str, quantities: str) -> tuple[str, str]:
+    low = f"variables.{charges}[i] > 0 && {_owns('c')} && {_own_value('c')} < variables.{charges}[i]"
+    check = f"!has(object.spec.{field}) || object.spec.{field}.all(i, c, !({low}))"
+    message = (f"object.spec.{field}.transformList(i, c, {low}, 'container ' + c.name + ' asks "
+               f"{GPU_MEMORY_RESOURCE}: ' + string(c.resources.requests['{GPU_MEMORY_RESOURCE}']) + ', below what its "
+               f"GPU resources are charged; set it to at least ' + variables.{quantities}[i] + ' or leave it out')"
+               f".join('; ')")
+    return check, message
+
+
+# ---------------------------------------------------------------------------------------------- objects
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(LABELS)}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+_POD_RULES = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                 "resources": ["pods"]}]}
+
+
+def table_configmap(table: ChargeTable | None = None, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """The policy's parameter: the charge table as a ConfigMap (the operator re-renders it when the config changes)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(TABLE_NAME, namespace),
+            "data": table_data(table)}
+
+
+def charge_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """The mutating policy that adds the charge and the validating one that refuses a smaller own value."""
+    conditions = [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}]
+    param_ref = {"name": TABLE_NAME, "namespace": namespace, "parameterNotFoundAction": "Deny"}
+    checks = []
+    for field, charges, quantities in (("containers", "charges", "quantities"),
+                                       ("initContainers", "initCharges", "initQuantities")):
+        check, message = _too_small(field, charges, quantities)
+        checks.append({"expression": check, "messageExpression":
+                       f"'pod ' + request.namespace + '/' + {_POD_NAME} + ': ' + {message}", "reason": "Invalid"})
+    return [
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicy", "metadata": _meta(CHARGE_POLICY),
+         "spec": {"paramKind": {"apiVersion": "v1", "kind": "ConfigMap"}, "matchConstraints": _POD_RULES,
+                  "matchConditions": conditions, "variables": _variables(), "failurePolicy": "Fail",
+                  "reinvocationPolicy": "Never",
+                  "mutations": [{"patchType": "ApplyConfiguration",
+                                 "applyConfiguration": {"expression": _apply(f, c, q)}}
+                                for f, c, q in (("containers", "charges", "quantities"),
+                                                ("initContainers", "initCharges", "initQuantities"))]}},
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicyBinding", "metadata": _meta(CHARGE_POLICY),
+         "spec": {"policyName": CHARGE_POLICY, "paramRef": param_ref}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": _meta(CHARGE_POLICY),
+         "spec": {"paramKind": {"apiVersion": "v1", "kind": "ConfigMap"}, "matchConstraints": _POD_RULES,
+                  "matchConditions": conditions, "variables": _variables(), "failurePolicy": "Fail",
+                  "validations": checks}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(CHARGE_POLICY),
+         "spec": {"policyName": CHARGE_POLICY, "paramRef": param_ref, "validationActions": ["Deny"]}},
+    ]
+
+
+def gate_policies() -> list[dict[str, Any]]:
+    """The mutating policy that holds a GPU pod behind `kubegpu.io/quota` where its namespace has an ElasticQuota."""
+    gate = (f"Object{{spec: Object.spec{{schedulingGates: [Object.spec.schedulingGates{{name: '{QUOTA_GATE}'}}]}}}}")
+    return [
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicy", "metadata": _meta(GATE_POLICY),
+         "spec": {"paramKind": {"apiVersion": "kubegpu.io/v1", "kind": "ElasticQuota"},
+                  "matchConstraints": _POD_RULES,
+                  "matchConditions": [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}],
+                  "failurePolicy": "Ignore", "reinvocationPolicy": "Never",
+                  "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": gate}}]}},
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicyBinding", "metadata": _meta(GATE_POLICY),
+         "spec": {"policyName": GATE_POLICY,
+                  "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}},
+    ]

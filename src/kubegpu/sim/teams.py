@@ -1,0 +1,129 @@
+"""Teams in the simulator: the scenario's `teams:` (namespaces with a `min`, a `max` and a share of the workload),
+charged in `kubegpu.io/gpu-memory` by the sharing core, held at admission the way a cluster would hold them.
+
+Without a quota modifier, each team's `max` is a plain namespace ResourceQuota: a pod that would take the team past
+it waits (its Job controller retries) and nothing is guaranteed — a noisy neighbour may hold every GPU. With
+`+quota`, the strategy carries an `Admission` (the elastic-quota controller's decision, plugged in by
+`kubegpu.quota.sim_strategy`; the simulator knows no controller): pods wait behind the quota gate, go through within
+`min` or borrowing idle capacity up to `max`, and borrowed pods are evicted when a team under its `min` needs room.
+Per team the report shows GPU-hours, waits and reclaims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.sharing.charges import ChargeTable, model_memory_bytes, pod_charge
+from kubegpu.sharing.names import GPU_SHARED_RESOURCE
+
+if TYPE_CHECKING:
+    from kubegpu.sim.scenario import TeamSpec
+    from kubegpu.sim.state import Attempt
+
+
+@dataclass(frozen=True)
+class TeamLimits:
+    namespace: str
+    min_bytes: float
+    max_bytes: float | None
+
+
+@dataclass(frozen=True)
+class TeamPod:
+    """What an admission decision sees of a pod: `key` is unique per pod (attempt)."""
+
+    key: str
+    namespace: str
+    charge: float
+    created: float
+    gated: bool
+    bound: bool
+
+
+class Admission(Protocol):
+    """An elastic-quota decision: which held pods to let through, which bound pods to evict."""
+
+    def decide(self, teams: Sequence[TeamLimits], pods: Sequence[TeamPod],
+               capacity: float) -> tuple[list[str], list[str]]: ...
+
+
+def team_limits(teams: Sequence[TeamSpec]) -> list[TeamLimits]:
+    return [TeamLimits(t.name, parse_quantity(t.min), parse_quantity(t.max) if t.max else None) for t in teams]
+
+
+@dataclass
+class TeamAccount:
+    """The engine's quota state: held pods, each admitted pod's charge, per-team statistics."""
+
+    limits: list[TeamLimits]
+    table: ChargeTable
+    admission: Admission | None
+    held: list[Attempt] = field(default_factory=list)
+    charges: dict[int, float] = field(default_factory=dict)
+    admitted: dict[int, Attempt] = field(default_factory=dict)
+    reclaims: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_strategy(cls, teams: Sequence[TeamSpec], strategy: Any, model_keys: Sequence[str]) -> TeamAccount:
+        replicas = getattr(strategy, "replicas", None)
+        table = ChargeTable(default_model=model_keys[0] if model_keys else "A100-SXM4-80GB",
+                            replicas={GPU_SHARED_RESOURCE: int(replicas)} if isinstance(replicas, int) else {})
+        return cls(team_limits(teams), table, getattr(strategy, "team_admission", None))
+
+    def charge(self, run: Attempt) -> float:
+        if id(run) not in self.charges:
+            self.charges[id(run)] = float(pod_charge(run.pod, self.table).gpu_memory_bytes)
+        return self.charges[id(run)]
+
+    def hold(self, run: Attempt) -> None:
+        self.held.append(run)
+
+    def stopped(self, run: Attempt) -> None:
+        self.admitted.pop(id(run), None)
+        self.charges.pop(id(run), None)
+
+    def used(self, namespace: str) -> float:
+        return sum(self.charge(r) for r in self.admitted.values() if r.job.namespace == namespace)
+
+    def step(self, capacity: float) -> tuple[list[Attempt], list[Attempt]]:
+        """(pods to let through, bound pods to evict) now."""
+        if self.admission is None:
+            return self._plain(), []
+        pods = [TeamPod(f"{id(r)}", r.job.namespace, self.charge(r), r.queued_at, True, False) for r in self.held]
+        pods += [TeamPod(f"{id(r)}", r.job.namespace, self.charge(r), r.queued_at, False, r.node is not None)
+                 for r in self.admitted.values()]
+        lift, evict = self.admission.decide(self.limits, pods, capacity)
+        lifted = set(lift)
+        released = [r for r in self.held if f"{id(r)}" in lifted]
+        victims = [r for r in self.admitted.values() if f"{id(r)}" in set(evict) and r.node is not None]
+        self._release(released)
+        for run in victims:
+            self.reclaims[run.job.namespace] = self.reclaims.get(run.job.namespace, 0) + 1
+        return released, victims
+
+    def _plain(self) -> list[Attempt]:
+        """A plain namespace ResourceQuota at each team's `max`: FIFO per team, a pod past it waits."""
+        caps = {t.namespace: t.max_bytes for t in self.limits}
+        used = {t.namespace: self.used(t.namespace) for t in self.limits}
+        released = []
+        for run in sorted(self.held, key=lambda r: (r.queued_at, r.seq)):
+            cap = caps.get(run.job.namespace)
+            if cap is None or used.get(run.job.namespace, 0.0) + self.charge(run) <= cap + 1e-6:
+                used[run.job.namespace] = used.get(run.job.namespace, 0.0) + self.charge(run)
+                released.append(run)
+        self._release(released)
+        return released
+
+    def _release(self, runs: Sequence[Attempt]) -> None:
+        chosen = {id(r) for r in runs}
+        self.held = [r for r in self.held if id(r) not in chosen]
+        for run in runs:
+            self.admitted[id(run)] = run
+
+
+def capacity_bytes(nodes: Sequence[Any]) -> float:
+    """The cluster's GPU memory in the charge's unit: every ready node's GPUs at their model's memory."""
+    return float(sum(model_memory_bytes(n.model) * len(n.gpus) for n in nodes if n.ready))

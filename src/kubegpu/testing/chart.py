@@ -1,0 +1,103 @@
+"""The chart on the real node (docs/testing.md, node tier): the real Helm CLI (kubegpu.testing.helmbuild) against the
+test control plane, and what that cluster lacks for in-cluster clients.
+
+The test node runs no kube-proxy, so the `kubernetes` Service's ClusterIP leads nowhere and a pod cannot reach the API
+server the way in-cluster clients do. `api_access_policy` is a MutatingAdmissionPolicy (GA in Kubernetes 1.36) for
+the chart's namespace only: its pods join the host network (the API server listens on 127.0.0.1) and their
+containers get `KUBERNETES_SERVICE_HOST/PORT` pointing there, as the kubelet would set them on a cluster with a
+Service proxy. The chart and the operator's objects are installed unchanged.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from kubegpu.errors import KubegpuError
+
+API_ACCESS_LABEL = "kubegpu.io/test-api-access"
+API_ACCESS_POLICY = "kubegpu-test-api-access"
+CHART_DIR = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "kubegpu"
+HELM_TIMEOUT_S = 300.0
+
+
+def api_access_policy(server: str) -> list[dict[str, Any]]:
+    """The MutatingAdmissionPolicy and its binding: pods in namespaces labelled API_ACCESS_LABEL=true reach the API
+    server at ``server`` (https://127.0.0.1:PORT) from the host network."""
+    url = urlsplit(server)
+    host, port = url.hostname or "127.0.0.1", str(url.port or 443)
+    env = (f'[Object.spec.containers.env{{name: "KUBERNETES_SERVICE_HOST", value: "{host}"}}, '
+           f'Object.spec.containers.env{{name: "KUBERNETES_SERVICE_PORT", value: "{port}"}}]')
+
+    def containers(field: str) -> str:
+        # a host-network pod's ports must name their host port (defaulting ran before this admission step)
+        return (f"object.spec.{field}.map(c, Object.spec.{field}{{name: c.name, env: {env.replace('containers', field)}"
+                f", ports: has(c.ports) ? c.ports.map(p, Object.spec.{field}.ports{{containerPort: p.containerPort, "
+                f"hostPort: p.containerPort, protocol: has(p.protocol) ? p.protocol : 'TCP'}}) : []}})")
+
+    expression = ("Object{spec: Object.spec{hostNetwork: true, dnsPolicy: 'ClusterFirstWithHostNet', "
+                  f"containers: {containers('containers')}, "
+                  f"initContainers: has(object.spec.initContainers) ? {containers('initContainers')} : []}}}}")
+    group = "admissionregistration.k8s.io/v1"
+    return [
+        {"apiVersion": group, "kind": "MutatingAdmissionPolicy", "metadata": {"name": API_ACCESS_POLICY},
+         "spec": {"failurePolicy": "Fail", "reinvocationPolicy": "Never",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                          "operations": ["CREATE"], "resources": ["pods"]}]},
+                  "mutations": [{"patchType": "ApplyConfiguration",
+                                 "applyConfiguration": {"expression": expression}}]}},
+        {"apiVersion": group, "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": API_ACCESS_POLICY},
+         "spec": {"policyName": API_ACCESS_POLICY,
+                  "matchResources": {"namespaceSelector": {"matchLabels": {API_ACCESS_LABEL: "true"}}}}},
+    ]
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The real Helm CLI against one cluster."""
+
+    binary: Path
+    kubeconfig: Path
+
+    def run(self, *args: str, timeout: float = HELM_TIMEOUT_S) -> str:
+        command = [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args]
+        started = time.monotonic()
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise KubegpuError(f"helm {' '.join(args[:2])}: ran longer than {timeout:.0f}s") from None
+        if result.returncode != 0:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            raise KubegpuError(f"helm {' '.join(args[:2])} failed after {time.monotonic() - started:.0f}s: "
+                               f"{' | '.join(lines[-3:]) or result.returncode}")
+        return result.stdout
+
+    def install(self, release: str, namespace: str, values: dict[str, Any], workdir: Path,
+                extra: Sequence[str] = ()) -> str:
+        return self.run("install", release, str(CHART_DIR), f"--namespace={namespace}",
+                        f"--values={_values_file(values, workdir, 'install')}", *extra)
+
+    def upgrade(self, release: str, namespace: str, values: dict[str, Any], workdir: Path,
+                extra: Sequence[str] = ()) -> str:
+        return self.run("upgrade", release, str(CHART_DIR), f"--namespace={namespace}",
+                        f"--values={_values_file(values, workdir, 'upgrade')}", *extra)
+
+    def uninstall(self, release: str, namespace: str, extra: Sequence[str] = ()) -> str:
+        return self.run("uninstall", release, f"--namespace={namespace}", *extra)
+
+    def version(self) -> str:
+        return self.run("version", "--short").strip()
+
+
+def _values_file(values: dict[str, Any], workdir: Path, name: str) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"values-{name}.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
