@@ -219,9 +219,9 @@ def autoscaler_command(
 ) -> None:
     """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster).
 
-    Nodes come from the cloud provider named by --provider: kwok (simulated nodes from an instance-type file) or
-    aws (EC2 instances). Replicas elect a leader through the kubegpu-autoscaler Lease; only the leader provisions
-    and disrupts."""
+    Nodes come from the cloud provider named by --provider: kwok (kwok-style simulated nodes from an instance-type
+    file) or aws (EC2 instances). Reads the cluster through informers (listed once, then watched). Replicas elect a
+    leader through the kubegpu-autoscaler Lease; only the leader provisions, disrupts and terminates."""
     import socket
 
     from kubegpu.autoscaler.controller import LEASE_NAME, Autoscaler, Options
@@ -245,7 +245,7 @@ def autoscaler_command(
     console = Console(stderr=True)
     cluster = LightkubeCluster()
     clock = RealClock()
-    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption)
+    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption, parallelism=16)
     elector = LeaderElector(cluster, identity or socket.gethostname(), LEASE_NAME, namespace=lease_namespace,
                             lease_duration=lease_duration)
     scaler: Autoscaler

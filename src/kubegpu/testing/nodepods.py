@@ -164,6 +164,11 @@ def start_probe(cluster: LightkubeCluster, pod: Mapping[str, Any], timeout: floa
     name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
     cluster.create(dict(pod))
     wait_phase(cluster, name, namespace, ("Running",), timeout)
+    return read_probe(cluster, name, namespace, timeout)
+
+
+def read_probe(cluster: LightkubeCluster, name: str, namespace: str, timeout: float = POD_TIMEOUT_S) -> ProbeResult:
+    """What a started probe pod's container saw, once its log holds the whole probe."""
     def printed() -> str | None:
         text = pod_log(cluster, name, namespace)
         return text if DEV_END in text else None
