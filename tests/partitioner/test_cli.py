@@ -130,3 +130,26 @@ def test_bad_controller_flags_are_one_line(monkeypatch: pytest.MonkeyPatch, caps
                                            argv: list[str], message: str) -> None:
     assert run(argv, monkeypatch) == 1
     assert capsys.readouterr().err.strip() == message
+
+
+def test_plan_json_states_the_objective_against_the_bound_on_a_fleet_sized_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 4,096-GPU state file (512 nodes x 8) passes the input limits, and the JSON says what the plan achieves
+    against the planner's bound, per priority level (issue 28)."""
+    import yaml
+
+    used = [{"profile": "3g.40gb", "start": 4, "used": True}]
+    nodes = [{"name": f"n{k:03d}", "gpus": [{"model": "A100-SXM4-80GB" if k % 2 else "H100-SXM5-80GB",
+                                             "instances": used} for _ in range(8)]} for k in range(512)]
+    pods = [{"name": f"p{k}", "priority": k % 2, "requests": {"nvidia.com/mig-2g.20gb": 1}} for k in range(40)]
+    state = tmp_path / "fleet.yaml"
+    state.write_text(yaml.safe_dump({"nodes": nodes, "pods": pods}))
+    assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 0
+    doc = json.loads(capsys.readouterr().out)
+    objective = doc["objective"]
+    assert objective["schedulable"] == objective["pending"] == 40
+    assert objective["score"] == objective["bound"] == doc["score"] and objective["ratioToBound"] == 1.0
+    assert objective["byPriority"] == [{"priority": 1, "pending": 20, "schedulable": 20},
+                                       {"priority": 0, "pending": 20, "schedulable": 20}]
+    assert objective["instancesChanged"] == doc["created"] + doc["destroyed"] == 40
+    assert len(doc["nodes"]) == 512 and sum(len(n["gpus"]) for n in doc["nodes"]) == 4096

@@ -47,7 +47,7 @@ def plan_command(
             if gpu.error:
                 typer.echo(f"warning: {state}: node {node.name} GPU {gpu.index}: {gpu.error}; left as it is", err=True)
     if output == "json":
-        typer.echo(json.dumps(plan_to_json(result, nodes), indent=2))
+        typer.echo(json.dumps(plan_to_json(result, nodes, pods), indent=2))
     else:
         _print_table(result, nodes)
 
