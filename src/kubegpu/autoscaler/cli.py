@@ -201,9 +201,10 @@ def autoscaler_command(
                                      help="Cluster name in the launch tags (aws)."),
     isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
 ) -> None:
-    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster) with the simulated provider.
+    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster): kwok-style simulated nodes or EC2.
 
-    Replicas elect a leader through the kubegpu-autoscaler Lease; only the leader provisions and disrupts."""
+    Reads the cluster through informers (listed once, then watched). Replicas elect a leader through the
+    kubegpu-autoscaler Lease; only the leader provisions, disrupts and terminates."""
     import socket
 
     from kubegpu.autoscaler.controller import LEASE_NAME, Autoscaler, Options
@@ -235,7 +236,7 @@ def autoscaler_command(
     console = Console(stderr=True)
     cluster = LightkubeCluster()
     clock = RealClock()
-    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption)
+    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption, parallelism=16)
     elector = LeaderElector(cluster, identity or socket.gethostname(), LEASE_NAME, namespace=lease_namespace,
                             lease_duration=lease_duration)
     scaler: Autoscaler

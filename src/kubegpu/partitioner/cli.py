@@ -22,7 +22,7 @@ from kubegpu.partitioner.planner import (
     check_planner,
     plan,
 )
-from kubegpu.partitioner.state import load_state, optimality_line, plan_to_json, planner_inputs
+from kubegpu.partitioner.snapshot import load_state, optimality_line, plan_to_json, planner_inputs
 from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET
 from kubegpu.shutdown import stop_on_signals
 
@@ -90,6 +90,7 @@ def partitioner_command(
                                      help="Wall-clock budget for each plan (s)."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
+    from kubegpu.kube.informer import InformedCluster, quiet_http_logs
     from kubegpu.kube.leader import LeaderElector
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
     from kubegpu.metrics import PartitionerMetrics, serve_metrics
@@ -101,14 +102,16 @@ def partitioner_command(
         raise ConfigError("--interval, --lease-duration: must be > 0")
     check_planner(planner, time_limit, "--planner", "--time-limit")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cluster = LightkubeCluster()
+    quiet_http_logs()
+    api = LightkubeCluster()
+    cluster = InformedCluster(api, ("Node", "Pod"))  # listed once, then watched: a pass reads memory
     me = identity or socket.gethostname()
     metrics = PartitionerMetrics.create() if metrics_address else None
     if metrics_address:
         serve_metrics(metrics_address)
     controller = PartitionerController(
         cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
-        elector=LeaderElector(cluster, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),
+        elector=LeaderElector(api, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),
         metrics=metrics, planner=planner, time_limit=time_limit,
     )
     clock = RealClock()
