@@ -1,20 +1,26 @@
 """Simulator scale: a day of 100 nodes x 8 GPUs and ~50,000 pods, on one core.
 
 Prints simulated seconds per wall second, pods per wall second, and the wall time as a ratio against the 60 s
-target (below 1.0 means inside the target). `--quick` runs a tenth of the cluster and the workload.
+target (below 1.0 means inside the target). `--quick` runs a tenth of the cluster and the workload. `--all` runs
+every strategy of the default scenario plus the autoscaler's sharing variants (and any optional strategies that are
+registered, such as modifiers), one after another in this process, and prints one table: wall time, CPU time (the
+difference is other load on the machine) and the wall time's ratio to the target, with the machine's load average.
 
-    python benchmarks/simulate_scale.py [--quick] [--strategy time-slicing:4]
+    python benchmarks/simulate_scale.py [--quick] [--strategy time-slicing:4 | --all]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from kubegpu.sim.engine import Simulation
-from kubegpu.sim.scenario import parse_scenario
+from kubegpu.sim.metrics import StrategyResult
+from kubegpu.sim.runner import strategy_names
+from kubegpu.sim.scenario import Scenario, default_scenario, parse_scenario
 from kubegpu.sim.strategies import get_strategy
-from kubegpu.sim.workload import scenario_jobs
+from kubegpu.sim.workload import Job, scenario_jobs
 
 TARGET_WALL_S = 60.0
 
@@ -46,23 +52,53 @@ def scenario(scale: float) -> dict[str, object]:
     }
 
 
+AUTOSCALER_VARIANTS = ("autoscaler:exclusive", "autoscaler:time-slicing-4", "autoscaler:mig-all-balanced")
+
+
+def all_strategies() -> list[str]:
+    """The default scenario's strategies (its optional ones when registered) and the autoscaler's sharing variants:
+    the scale scenario's node groups are named like the default one's, so `@a100` selects the same GPUs."""
+    names = strategy_names(default_scenario())
+    spelled = {"autoscaler:exclusive" if n == "autoscaler" else n for n in names}
+    return [*names, *(v for v in AUTOSCALER_VARIANTS if v not in spelled)]
+
+
+def run(spec: Scenario, jobs: list[Job], strategy: str) -> tuple[float, float, StrategyResult]:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = Simulation(spec, get_strategy(strategy), jobs).run()
+    return time.perf_counter() - started, time.process_time() - cpu_started, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tenth of the cluster and workload")
     parser.add_argument("--strategy", default="time-slicing:4", help="strategy to simulate (default: time-slicing:4)")
+    parser.add_argument("--all", action="store_true", help="every strategy, one table")
     args = parser.parse_args()
     scale = 0.1 if args.quick else 1.0
     spec = parse_scenario(scenario(scale), "simulate_scale")
     jobs = scenario_jobs(spec)
     gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.node_groups)
-    started, cpu_started = time.perf_counter(), time.process_time()
-    result = Simulation(spec, get_strategy(args.strategy), jobs).run()
-    wall = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
     target = TARGET_WALL_S * scale
+    if args.all:
+        names = all_strategies()
+        print(f"{gpus} GPUs, {len(jobs):,} pods, {spec.duration / 3600:.0f} simulated hours; target {target:.0f} s "
+              f"wall per strategy; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"{'strategy':<32}{'wall s':>9}{'CPU s':>9}{'wall/target':>13}{'CPU/target':>12}{'completed':>11}"
+              f"{'load':>6}")
+        worst = 0.0
+        for name in names:
+            wall, cpu, result = run(spec, jobs, name)
+            worst = max(worst, wall / target)
+            print(f"{name:<32}{wall:>9.2f}{cpu:>9.2f}{wall / target:>13.3f}{cpu / target:>12.3f}"
+                  f"{result.pods_completed:>11,}{os.getloadavg()[0]:>6.1f}", flush=True)
+        print(f"worst wall / target: {worst:.3f} (below 1.0 is inside it; wall includes other load on the machine)")
+        return
+    wall, cpu, result = run(spec, jobs, args.strategy)
     print(f"strategy {args.strategy}: {gpus} GPUs, {len(jobs):,} pods, {spec.duration / 3600:.0f} simulated hours")
     print(f"  completed {result.pods_completed:,}, OOM kills {result.oom_kills}, "
-          f"pending at end {result.pods_pending_at_end:,}, allocation {result.allocation_pct:.1f}%")
+          f"pending at end {result.pods_pending_at_end:,}, "
+          f"allocation {result.allocation_pct:.1f}%")
     print(f"  wall time            {wall:8.2f} s   (CPU time {cpu:.2f} s: the rest is other load on the machine)")
     print(f"  simulated s / wall s {spec.duration / wall:8.0f}")
     print(f"  pods / wall s        {len(jobs) / wall:8.0f}")

@@ -204,40 +204,68 @@ def readiness_registry(node: str, source: Callable[[], NodeReadiness]) -> Collec
 # ---------------------------------------------------------------------------------------------- gpu-guard
 
 
+@dataclass(frozen=True)
+class GuardReading:
+    """One guard round, as its gauges show it: (namespace, pod, gpu, gpu_instance, share bytes, used bytes) per pod
+    and shared GPU; (gpu, gpu_instance, processes, bytes) unattributed; (namespace, pod, gpu, pid) MPS clients without
+    their limit."""
+
+    pods: tuple[tuple[str, str, str, str, float, float], ...] = ()
+    unattributed: tuple[tuple[str, str, float, float], ...] = ()
+    mps_limit_missing: tuple[tuple[str, str, str, str], ...] = ()
+
+
 class GuardMetrics:
     """The GPU-memory guard's view (`kubegpu_gpu_guard_*`): each pod's share and use on each shared GPU, what it did
-    and why, what it could not attribute, and MPS clients running without their limit. Per-pod series are replaced
-    every round (a pod that left has none), so the gauges always show the last reading, never a stale pod."""
+    and why, what it could not attribute, and MPS clients running without their limit. The per-pod gauges are built
+    from the last round's reading at scrape time (a pod that left has no series, and a round on a node of 500 pods
+    does not pay for 1,000 label lookups)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        pod_labels = ["namespace", "pod", "gpu", "gpu_instance"]
-        self.share_bytes = Gauge("kubegpu_gpu_guard_pod_share_bytes",
-                                 "GPU memory a pod may use on a shared GPU: its sharing config's share, or its "
-                                 "kubegpu.io/gpu-memory-limit annotation where smaller.", pod_labels, registry=r)
-        self.used_bytes = Gauge("kubegpu_gpu_guard_pod_used_bytes",
-                                "GPU memory the pod's processes hold on that GPU.", pod_labels, registry=r)
         self.actions = Counter("kubegpu_gpu_guard_actions",
                                "Guard actions taken, by kind (evict, kill-process, warn) and reason (over-share, "
-                               "reserve-exhausted).", ["action", "reason"], registry=r)
-        self.unattributed_processes = Gauge("kubegpu_gpu_guard_unattributed_processes",
-                                            "GPU processes no pod holding the GPU could be found for (never acted "
-                                            "on).", ["gpu", "gpu_instance"], registry=r)
-        self.unattributed_bytes = Gauge("kubegpu_gpu_guard_unattributed_bytes",
-                                        "GPU memory those processes hold.", ["gpu", "gpu_instance"], registry=r)
-        self.mps_limit_missing = Gauge("kubegpu_gpu_guard_mps_limit_missing",
-                                       "1 for an MPS client process running without the pinned-memory limit its "
-                                       "pod's slice should give it (a misconfiguration, not a leak).",
-                                       ["namespace", "pod", "gpu", "pid"], registry=r)
+                               "reserve-exhausted, pdb-protected).", ["action", "reason"], registry=r)
         self.rounds = Counter("kubegpu_gpu_guard_rounds", "Sampling rounds, by result (ok, failed).", ["result"],
                               registry=r)
+        self.reading = GuardReading()
+        r.register(_GuardReadingCollector(self))
 
-    def reset_readings(self) -> None:
-        """Forget the last round's per-pod and per-GPU series before writing this round's."""
-        for gauge in (self.share_bytes, self.used_bytes, self.unattributed_processes, self.unattributed_bytes,
-                      self.mps_limit_missing):
-            gauge.clear()
+    def set_reading(self, reading: GuardReading) -> None:
+        self.reading = reading  # one reference swap: a scrape sees one whole round
+
+
+class _GuardReadingCollector(Collector):
+    def __init__(self, metrics: GuardMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self.metrics.reading
+        pod_labels = ["namespace", "pod", "gpu", "gpu_instance"]
+        share = GaugeMetricFamily("kubegpu_gpu_guard_pod_share_bytes",
+                                  "GPU memory a pod may use on a shared GPU: its sharing config's share, or its "
+                                  "kubegpu.io/gpu-memory-limit annotation where smaller.", labels=pod_labels)
+        used = GaugeMetricFamily("kubegpu_gpu_guard_pod_used_bytes", "GPU memory the pod's processes hold on that GPU.",
+                                 labels=pod_labels)
+        for namespace, pod, gpu, instance, share_bytes, used_bytes in reading.pods:
+            share.add_metric([namespace, pod, gpu, instance], share_bytes)
+            used.add_metric([namespace, pod, gpu, instance], used_bytes)
+        processes = GaugeMetricFamily("kubegpu_gpu_guard_unattributed_processes",
+                                      "GPU processes no pod holding the GPU could be found for (never acted on).",
+                                      labels=["gpu", "gpu_instance"])
+        held = GaugeMetricFamily("kubegpu_gpu_guard_unattributed_bytes", "GPU memory those processes hold.",
+                                 labels=["gpu", "gpu_instance"])
+        for gpu, instance, count, count_bytes in reading.unattributed:
+            processes.add_metric([gpu, instance], count)
+            held.add_metric([gpu, instance], count_bytes)
+        missing = GaugeMetricFamily("kubegpu_gpu_guard_mps_limit_missing",
+                                    "1 for an MPS client process running without the pinned-memory limit its pod's "
+                                    "slice should give it (a misconfiguration, not a leak).",
+                                    labels=["namespace", "pod", "gpu", "pid"])
+        for labels in reading.mps_limit_missing:
+            missing.add_metric(list(labels), 1.0)
+        yield from (share, used, processes, held, missing)
 
 
 # ---------------------------------------------------------------------------------------------- serving

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kubegpu.exporter.counters import load_counters
-from kubegpu.metrics import AutoscalerMetrics, PartitionerMetrics, health_registry
+from kubegpu.metrics import AutoscalerMetrics, GuardMetrics, GuardReading, PartitionerMetrics, health_registry
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kubegpu-dashboard.json"
 
@@ -38,7 +38,11 @@ def emitted_names() -> set[str]:
     partitioner.plans.labels(result="applied").inc()
     autoscaler = AutoscalerMetrics(CollectorRegistry())
     autoscaler.decisions.labels(decision="launch").inc()
-    for registry in (partitioner_registry, autoscaler.registry, health_registry(lambda: [("r", "d", False)])):
+    guard = GuardMetrics()
+    guard.actions.labels(action="evict", reason="over-share").inc()
+    guard.set_reading(GuardReading(pods=(("ml", "a", "0", "", 1.0, 1.0),), unattributed=(("0", "", 1.0, 1.0),)))
+    for registry in (partitioner_registry, autoscaler.registry, guard.registry,
+                     health_registry(lambda: [("r", "d", False)])):
         names |= {s.name for family in registry.collect() for s in family.samples}
     return names
 
@@ -49,6 +53,7 @@ def test_dashboard_has_dcgm_exporters_eight_panels_plus_sharing_and_partitioning
         assert any(metric in expr for expr in exprs[title]), title
     assert "Pods sharing each GPU" in exprs and "MIG instances by profile" in exprs
     assert "Partitioner plans" in exprs and "Autoscaler decisions" in exprs
+    assert "GPU memory guard actions" in exprs
 
 
 def test_every_metric_the_dashboard_queries_is_emitted() -> None:

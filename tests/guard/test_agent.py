@@ -35,7 +35,8 @@ class Node:
         self.pods = {name: self.cluster.create(pod(name)) for name in ("a", "b", "c", "w")}
         self.assignments = [("ml", n, "main", SHARED, [f"{self.uuid0}::{k}"]) for k, n in enumerate("abc")]
         self.assignments.append(("ml", "w", "main", "nvidia.com/gpu", [self.uuid1]))
-        self.allocatable = [(SHARED, [f"{self.uuid0}::{k}" for k in range(4)]), ("nvidia.com/gpu", [self.uuid1])]
+        # one entry per device ID, as the real kubelet answers GetAllocatableResources
+        self.allocatable = [(SHARED, [f"{self.uuid0}::{k}"]) for k in range(4)] + [("nvidia.com/gpu", [self.uuid1])]
         self.evictor = FakeEvictor(self.cluster)
         self.killed: list[int] = []
         self.socket = tmp_path / "kubelet.sock"

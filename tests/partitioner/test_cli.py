@@ -116,17 +116,45 @@ def test_missing_state_file_and_bad_output(tmp_path: Path, monkeypatch: pytest.M
     assert run(["plan", "--state", str(tmp_path / "nope.yaml")], monkeypatch) == 1
     assert "nope.yaml: cannot read" in capsys.readouterr().err
     (tmp_path / "s.yaml").write_text("{}")
-    assert run(["plan", "--state", str(tmp_path / "s.yaml"), "-o", "xml"], monkeypatch) == 1
-    assert capsys.readouterr().err.strip() == "error: --output: must be json or table, not 'xml'"
+    assert run(["plan", "--state", str(tmp_path / "s.yaml"), "-o", "xml"], monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Invalid value for -o/--output: 'xml' is not one of json, yaml, table" in err
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["partitioner", "--once", "--batch-window-idle=-1"],
-     "error: --batch-window-timeout, --batch-window-idle: must be >= 0 (0 plans on the first pass)"),
-    (["partitioner", "--once", "--interval", "0"], "error: --interval, --lease-duration: must be > 0"),
-    (["partition-agent", "--node-name", "n", "--interval", "0"], "error: --interval: must be > 0, got 0.0"),
+     "Invalid value for '--batch-idle-duration': must be at least 0 seconds, got '-1'"),
+    (["partitioner", "--oneshot", "--interval", "0"], "Invalid value for '--interval': must be more than 0, got '0'"),
+    (["partition-agent", "--node-name", "n", "--interval", "0s"],
+     "Invalid value for '--interval': must be more than 0, got '0s'"),
+    (["partitioner", "--oneshot", "--lease-duration", "soon"], "Invalid value for '--lease-duration': expected a "
+     "duration such as 500ms, 60s, 2m or 1h30m (a bare number is seconds), got 'soon'"),
 ])
 def test_bad_controller_flags_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                            argv: list[str], message: str) -> None:
-    assert run(argv, monkeypatch) == 1
-    assert capsys.readouterr().err.strip() == message
+    assert run(argv, monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: ") and message in err
+
+
+def test_plan_json_states_the_objective_against_the_bound_on_a_fleet_sized_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 4,096-GPU state file (512 nodes x 8) passes the input limits, and the JSON says what the plan achieves
+    against the planner's bound, per priority level (issue 28)."""
+    import yaml
+
+    used = [{"profile": "3g.40gb", "start": 4, "used": True}]
+    nodes = [{"name": f"n{k:03d}", "gpus": [{"model": "A100-SXM4-80GB" if k % 2 else "H100-SXM5-80GB",
+                                             "instances": used} for _ in range(8)]} for k in range(512)]
+    pods = [{"name": f"p{k}", "priority": k % 2, "requests": {"nvidia.com/mig-2g.20gb": 1}} for k in range(40)]
+    state = tmp_path / "fleet.yaml"
+    state.write_text(yaml.safe_dump({"nodes": nodes, "pods": pods}))
+    assert run(["plan", "--state", str(state), "-o", "json"], monkeypatch) == 0
+    doc = json.loads(capsys.readouterr().out)
+    objective = doc["objective"]
+    assert objective["schedulable"] == objective["pending"] == 40
+    assert objective["score"] == objective["bound"] == doc["score"] and objective["ratioToBound"] == 1.0
+    assert objective["byPriority"] == [{"priority": 1, "pending": 20, "schedulable": 20},
+                                       {"priority": 0, "pending": 20, "schedulable": 20}]
+    assert objective["instancesChanged"] == doc["created"] + doc["destroyed"] == 40
+    assert len(doc["nodes"]) == 512 and sum(len(n["gpus"]) for n in doc["nodes"]) == 4096

@@ -241,7 +241,7 @@ def recount_fits(node: NodeInput, result: Plan, pods: list[dict[str, Any]]) -> l
 def test_every_plan_is_legal_keeps_used_instances_and_its_pods_fit(
         state: tuple[list[NodeInput], list[dict[str, Any]]]) -> None:
     nodes, pods = state
-    result = plan(nodes, pods)
+    result = plan(nodes, pods, time_limit=60.0)  # a budget no busy machine runs out of: the plan is deterministic
     assert len(result.assignments) + len(result.unschedulable) == len(pods)
     for node in nodes:
         for gpu_in, gpu_out in zip(node.gpus, result.nodes[node.name].gpus, strict=True):
@@ -251,7 +251,7 @@ def test_every_plan_is_legal_keeps_used_instances_and_its_pods_fit(
                 if inst.used:
                     assert PlacedInstance(inst.profile_id, inst.start) in gpu_out.instances
         assert recount_fits(node, result, pods) == []
-    again = plan(nodes, pods)
+    again = plan(nodes, pods, time_limit=60.0)
     assert again.nodes == result.nodes and again.assignments == result.assignments
 
 

@@ -71,6 +71,7 @@ KINDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
                                    "values": ["NVIDIA-A10G"]}]}]}}}}),
     ("whole-unknown-product", {"nvidia.com/gpu": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "ACME-X"}}),
+    ("whole-catalog-key", {"nvidia.com/gpu": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "L4"}}),
     ("time-slicing", {"nvidia.com/gpu.shared": 3}, {}),
     ("shared-selected", {"nvidia.com/gpu.shared": 1}, {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}),
     ("mig", {"nvidia.com/mig-1g.10gb": 2}, {}),

@@ -115,6 +115,9 @@ def test_the_model_comes_from_required_affinity_the_largest_wins() -> None:
 
 def test_an_unknown_product_and_no_selector_charge_the_cluster_default() -> None:
     assert charged({"nvidia.com/gpu": 1}, selector="ACME-Accelerator") == 80 * GIB
+    # only GFD's label value names a model (a catalog key such as `L4` is not what nodes carry): as the policy's table
+    assert charged({"nvidia.com/gpu": 1}, selector="L4") == 80 * GIB
+    assert charged({"nvidia.com/gpu": 1}, selector="NVIDIA-L4") == 22 * GIB
     assert charged({"nvidia.com/gpu": 1}, ChargeTable(default_model="L40S")) == 44 * GIB
     with pytest.raises(ConfigError, match="ACME"):
         ChargeTable(default_model="ACME")

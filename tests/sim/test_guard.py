@@ -69,3 +69,16 @@ def test_default_scenario_time_slicing_with_the_guard_has_no_innocent_oom_kills(
     assert plain.oom_kills > 0
     assert guarded.innocent_oom_kills == 0 and guarded.oom_kills == 0
     assert guarded.guard_actions > 0
+
+
+def test_a_shared_claim_divides_the_gpu_among_the_pods_sharing_it_now() -> None:
+    # dra-shared:4: two pods share the claim, so each may use 40 GiB; a third joins and the share drops to 26.6 GiB
+    jobs = [job("big-1", memory=35, compute=0.2), job("small-1", arrival=60, memory=10, compute=0.2)]
+    assert simulate("dra-shared:4+guard", jobs).guard_actions == 0  # 35 GiB is within half a GPU
+    crowded = [*jobs, job("small-2", arrival=120, memory=20, compute=0.2), job("small-3", arrival=180, memory=16,
+                                                                                compute=0.2)]
+    plain = simulate("dra-shared:4", crowded)
+    assert plain.oom_kills == 1 and plain.innocent_oom_kills == 1  # the newest, within its 20 GiB, dies
+    guarded = simulate("dra-shared:4+guard", crowded)
+    assert guarded.oom_kills == 0 and guarded.guard_actions == 1
+    assert guarded.classes["small"].completed == 3

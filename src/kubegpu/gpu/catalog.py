@@ -282,17 +282,21 @@ _MODELS = (
 )
 
 CATALOG: dict[str, GpuModel] = {m.key: m for m in _MODELS}
+# every spelling `get_model` accepts, lower-cased, to its model (the first model wins, as a scan in catalog order
+# would): controllers look a model up for every GPU of every node, every pass
+_BY_NAME: dict[str, GpuModel] = {}
+for _entry in reversed(_MODELS):
+    for _name in (_entry.key, _entry.product_name, _entry.product_name.replace(" ", "-"), _entry.pci_device_id):
+        _BY_NAME[_name.lower()] = _entry
 
 
 def get_model(key: str) -> GpuModel:
     """Find a model by catalog key, NVML product name, GFD's sanitised product label (`NVIDIA-A100-SXM4-80GB`, as
     in `nvidia.com/gpu.product`) or PCI device id; case-insensitive."""
-    wanted = key.strip().lower()
-    for model in _MODELS:
-        names = (model.key, model.product_name, model.product_name.replace(" ", "-"), model.pci_device_id)
-        if wanted in (name.lower() for name in names):
-            return model
-    raise NotFoundError(f"unknown GPU model {key!r}; known: {', '.join(CATALOG)}")
+    found = _BY_NAME.get(key.strip().lower())
+    if found is None:
+        raise NotFoundError(f"unknown GPU model {key!r}; known: {', '.join(CATALOG)}")
+    return found
 
 
 def find_model(key: str) -> GpuModel | None:

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kubegpu.clock import Clock, RealClock
@@ -31,8 +31,9 @@ from kubegpu.guard.holdings import PodKey, build_holdings, pod_key
 from kubegpu.guard.procs import ProcReader
 from kubegpu.kube.cluster import Cluster, format_timestamp, record_event
 from kubegpu.kube.resources import ResourceKind, register_kind
-from kubegpu.metrics import GuardMetrics
+from kubegpu.metrics import GuardMetrics, GuardReading
 from kubegpu.sharing.attribution import ContainerDevices
+from kubegpu.sharing.names import SharingKind
 from kubegpu.sharing.shares import DeviceShare
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,8 @@ class Guard:
                                                   mig.uuid))
             for process in self.backend.processes(gpu.index):
                 owner = self.proc.owner(process.pid)
-                known, limit = self.proc.mps_limit(process.pid) if owner is not None else (False, None)
                 processes.append(ProcessReading(process.pid, (gpu.index, process.gi_id), process.used_memory_mib,
-                                                owner.pod_uid if owner else None, limit, known))
+                                                owner.pod_uid if owner else None))
         return NodeReading(gpus, migs, entities, processes)
 
     def _shares(self, gpus: list[GpuDevice], migs: list[MigDevice]) -> Mapping[str, DeviceShare]:
@@ -161,7 +161,14 @@ class Guard:
         placements = {(mig.gpu_index, mig.profile_id, mig.start): mig.gi_id for mig in reading.migs}
         claims = self._claims(containers) if any(c.claim for c in containers) else {}
         holdings = build_holdings(containers, shares, self._pods, claims, memory, minors, placements)
-        return decide(reading.entities, holdings, reading.processes, self.policy)
+        mps = {(h.uid, h.entity) for h in holdings if h.kind == SharingKind.MPS}
+        processes = [self._with_mps_limit(p) if (p.pod_uid, p.entity) in mps else p for p in reading.processes]
+        return decide(reading.entities, holdings, processes, self.policy)
+
+    def _with_mps_limit(self, process: ProcessReading) -> ProcessReading:
+        """An MPS client's pinned-memory limit, from its environment (read only for MPS pods' processes)."""
+        known, limit = self.proc.mps_limit(process.pid)
+        return replace(process, mps_limit_mib=limit, mps_limit_known=known)
 
     # ------------------------------------------------------------------ one round
 
@@ -191,6 +198,12 @@ class Guard:
             self._list_pods()  # act only on what the API says now (annotation, already being deleted)
             decision = self._decide(reading, containers, shares)
         self._record(decision)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("round: %d containers, %d device shares, %d pods listed, %d processes (%d unattributed); %s",
+                      len(containers), len(shares), len(self._pods), len(reading.processes),
+                      sum(c for c, _ in decision.unattributed.values()),
+                      ", ".join(f"{u.holding.pod} on {u.holding.entity[0]}: {u.used_mib}/{u.holding.share_mib} MiB"
+                                for u in decision.usage) or "no pod on a shared GPU")
         result = RoundResult(decision)
         for action in decision.actions:
             result.done.append((action, self._act(action)))
@@ -262,20 +275,15 @@ class Guard:
             log.warning("pod %s/%s: cannot record event: %s", *pod_key(pod), exc)
 
     def _record(self, decision: Decision) -> None:
-        metrics = self.metrics
-        metrics.reset_readings()
-        for usage in decision.usage:
-            h = usage.holding
-            labels = (h.namespace, h.pod, str(h.entity[0]), "" if h.entity[1] is None else str(h.entity[1]))
-            metrics.share_bytes.labels(*labels).set(h.share_mib * MIB)
-            metrics.used_bytes.labels(*labels).set(usage.used_mib * MIB)
-        for (index, gi_id), (count, mib) in decision.unattributed.items():
-            where = (str(index), "" if gi_id is None else str(gi_id))
-            metrics.unattributed_processes.labels(*where).set(count)
-            metrics.unattributed_bytes.labels(*where).set(mib * MIB)
+        pods = tuple((u.holding.namespace, u.holding.pod, str(u.holding.entity[0]), _instance(u.holding.entity),
+                      float(u.holding.share_mib * MIB), float(u.used_mib * MIB)) for u in decision.usage)
+        unattributed = tuple((str(entity[0]), _instance(entity), float(count), float(mib * MIB))
+                             for entity, (count, mib) in decision.unattributed.items())
+        missing = tuple((f.holding.namespace, f.holding.pod, str(f.holding.entity[0]), str(f.pid))
+                        for f in decision.findings)
+        self.metrics.set_reading(GuardReading(pods, unattributed, missing))
         for finding in decision.findings:
             h = finding.holding
-            metrics.mps_limit_missing.labels(h.namespace, h.pod, str(h.entity[0]), str(finding.pid)).set(1)
             key = (h.uid, h.entity, f"mps:{finding.pid}")
             if key not in self._warned:
                 self._warned.add(key)
@@ -284,6 +292,10 @@ class Guard:
                             f"MPS client process {finding.pid} on GPU {h.entity[0]} runs with pinned-memory limit "
                             f"{limit}, but its slice should limit it to {h.mps_limit_mib} MiB (a misconfiguration)",
                             MPS_EVENT_REASON)
+
+
+def _instance(entity: EntityKey) -> str:
+    return "" if entity[1] is None else str(entity[1])
 
 
 def _where(entity: EntityKey, uuid: str) -> str:

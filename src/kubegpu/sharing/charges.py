@@ -61,10 +61,11 @@ def product_label(model: GpuModel) -> str:
 
 
 def model_of_product(product: str) -> GpuModel | None:
-    """The catalog model a `nvidia.com/gpu.product` value names (GFD's `-SHARED` suffix ignored); None if unknown."""
+    """The catalog model whose GFD label `nvidia.com/gpu.product` is exactly `product` (GFD's `-SHARED` suffix
+    ignored); None otherwise. Exact, as a node selector matches and as the policy's table is keyed."""
     if product.endswith(SHARED_PRODUCT_SUFFIX):
         product = product[: -len(SHARED_PRODUCT_SUFFIX)]
-    return find_model(product)
+    return next((model for model in CATALOG.values() if product_label(model) == product), None)
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,11 @@ def shares_from_allocatable(allocatable: Iterable[tuple[str, Sequence[str]]], gp
     for mig in migs:
         position = positions[mig.gpu_index] = positions.get(mig.gpu_index, -1) + 1
         where[mig.uuid] = where[f"{mig.gpu_index}:{position}"] = (mig.gpu_index, mig.gi_id, mig.memory_mib)
+    by_resource: dict[str, list[str]] = {}
+    for resource, ids in allocatable:  # the kubelet lists one entry per device, not per resource
+        by_resource.setdefault(resource, []).extend(ids)
     out: dict[str, DeviceShare] = {}
-    for _resource, ids in allocatable:
+    for ids in by_resource.values():
         replicas: dict[str, int] = {}
         for device_id in ids:
             base, suffix = split_device_id(device_id)

@@ -18,9 +18,12 @@ from kubegpu.scheduling import NodeInfo, pod_requirements, select_node
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
-from kubegpu.sim.guard import GUARD_LEAD_S, over_share, share_gib
+from kubegpu.sim.guard import GUARD_LEAD_S, over_share, refresh_shares
 from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
-from kubegpu.sim.state import (
+from kubegpu.sim.strategies import GpuRequest
+from kubegpu.sim.teams import capacity_bytes
+from kubegpu.sim.workload import Job
+from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
     _GUARD,
@@ -35,9 +38,6 @@ from kubegpu.sim.state import (
     _partition_key,
     _unique,
 )
-from kubegpu.sim.strategies import GpuRequest
-from kubegpu.sim.teams import capacity_bytes
-from kubegpu.sim.workload import Job
 
 
 class Accounting(SimCore):
@@ -127,9 +127,10 @@ class Accounting(SimCore):
         run.thread_fraction = (first.mps_thread_percentage or 100) / 100.0
         run.alloc_weight = sum(_alloc_weight(node.model, d) for d in run.devices)
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
-        run.share_gib = share_gib(run.devices) if getattr(self.strategy, "memory_shared", False) else None
         for part in run.parts:
             part.residents.append(run)
+        if getattr(self.strategy, "memory_shared", False):
+            refresh_shares(self.strategy, run)
         self.metrics.started(run, now)
         name, namespace = run.pod["metadata"]["name"], run.pod["metadata"]["namespace"]
         self.cluster.patch("Pod", name, {"spec": {"nodeName": node.name}}, namespace=namespace)

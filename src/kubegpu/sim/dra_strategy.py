@@ -1,4 +1,5 @@
-"""Simulator strategies for DRA: `dra` (whole GPUs through DRA) and `dra-dynamic-mig` (the scheduler cuts MIG).
+"""Simulator strategies for DRA: `dra` (whole GPUs through DRA), `dra-dynamic-mig` (the scheduler cuts MIG) and
+`dra-shared:N` (a GPU shared by up to N pods through one claim with `TimeSlicing`).
 
 `dra-dynamic-mig` models NVIDIA-style dynamic MIG over partitionable devices with the real pieces: every node's
 MIG GPUs are published as our dynamic-MIG ResourceSlices (`kubegpu.dra.devices`), each pending pod's MIG request
@@ -30,7 +31,16 @@ from kubegpu.scheduling import pod_requests
 from kubegpu.scheduling.dra import Allocator, DeviceId, ResourceSlice, allocate_one, parse_all, parse_claim
 from kubegpu.sharing.names import MIG_RESOURCE_PREFIX, mig_resource_name
 from kubegpu.sim.scenario import NodeGroup
-from kubegpu.sim.strategies import BaseStrategy, GpuRequest, NodeSetup, NodeView, SimControl, smallest_slice_request
+from kubegpu.sim.strategies import (
+    BaseStrategy,
+    GpuRequest,
+    NodeSetup,
+    NodeView,
+    SimControl,
+    TimeSlicing,
+    _replicas,
+    smallest_slice_request,
+)
 from kubegpu.sim.workload import Job
 
 DRIVER = "gpu.nvidia.com"
@@ -186,6 +196,21 @@ def dra_dynamic_mig(argument: str | None) -> DraDynamicMig:
     if argument:
         raise ConfigError(f"strategy dra-dynamic-mig:{argument}: dra-dynamic-mig takes no argument")
     return DraDynamicMig("dra-dynamic-mig")
+
+
+class DraShared(TimeSlicing):
+    """`dra-shared:N`: each GPU is one ResourceClaim with NVIDIA's `TimeSlicing` sharing config that up to N pods
+    reserve (`status.reservedFor`). Placement is time-slicing's (N pods per GPU at most); what differs is the memory
+    share, which a shared claim gives as the device's memory over the pods sharing it *now*
+    (`kubegpu.sharing.shares.claim_share`), so it shrinks as pods join — what the GPU-memory guard enforces under
+    `+guard`."""
+
+    claim_shared = True
+
+
+def dra_shared(argument: str | None) -> DraShared:
+    replicas = _replicas(argument, "dra-shared")
+    return DraShared(f"dra-shared:{replicas}", replicas)
 
 
 def dra(argument: str | None) -> BaseStrategy:

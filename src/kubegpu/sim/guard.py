@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 
 from kubegpu.errors import ConfigError
 from kubegpu.guard.core import EntityReading, GuardAction, Holding, Policy, ProcessReading, decide
+from kubegpu.sharing.claimconfig import Sharing
 from kubegpu.sharing.names import SharingKind
-from kubegpu.sharing.shares import device_share
+from kubegpu.sharing.shares import claim_share, device_share
 from kubegpu.sim.strategies import Strategy, register_modifier
 
 if TYPE_CHECKING:
     from kubegpu.sharing.devices import AnnotatedDevice
-    from kubegpu.sim.state import Attempt, Partition
+    from kubegpu.sim.world import Attempt, Partition
 
 GUARD_LEAD_S = 1.0
 """How long before the driver would fail an allocation the guard has evicted the pod over its share."""
@@ -35,12 +36,25 @@ POLICY = Policy(GuardAction.EVICT, grace=True, reserve_mib=1024)
 def apply_guard(strategy: Strategy) -> Strategy:
     if not getattr(strategy, "memory_shared", False):
         raise ConfigError(f"strategy {strategy.name}+guard: the GPU-memory guard protects pods sharing a GPU's memory; "
-                          "use it with time-slicing, mps or a shared-claim strategy")
+                          "use it with time-slicing, mps or dra-shared")
     strategy.guard = POLICY  # type: ignore[attr-defined]
     return strategy
 
 
 register_modifier("guard", apply_guard)
+
+
+def refresh_shares(strategy: Strategy, run: Attempt) -> None:
+    """A starting pod's share; on a shared claim every pod's share on its GPUs, since it is the device's memory over
+    the pods sharing the claim now."""
+    run.share_gib = share_gib(run.devices)
+    if not getattr(strategy, "claim_shared", False):
+        return
+    for part, device in zip(run.parts, run.devices, strict=False):
+        consumers = len(part.residents)
+        _, share, _ = claim_share(Sharing(strategy="TimeSlicing"), device.memory_mib, consumers)
+        for resident in part.residents:
+            resident.share_gib = None if share is None else share / 1024
 
 
 def share_gib(devices: Sequence[AnnotatedDevice]) -> float | None:

@@ -164,6 +164,11 @@ def start_probe(cluster: LightkubeCluster, pod: Mapping[str, Any], timeout: floa
     name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
     cluster.create(dict(pod))
     wait_phase(cluster, name, namespace, ("Running",), timeout)
+    return read_probe(cluster, name, namespace, timeout)
+
+
+def read_probe(cluster: LightkubeCluster, name: str, namespace: str, timeout: float = POD_TIMEOUT_S) -> ProbeResult:
+    """What a started probe pod's container saw, once its log holds the whole probe."""
     def printed() -> str | None:
         text = pod_log(cluster, name, namespace)
         return text if DEV_END in text else None
@@ -312,6 +317,11 @@ class NodeSession:
                                  "--device-plugin-dir", str(DEVICE_PLUGIN_DIR), "--cdi-dir",
                                  str(self.node.paths.cdi_dir), "--node-name", NODE_NAME, "--relist-interval", "0.5",
                                  *extra])
+
+    def gpu_guard(self, *extra: str, name: str = "gpu-guard") -> Agent:
+        """`kubegpu gpu-guard` on the real node: the kubelet's PodResources, the host's /proc, the simulated GPUs."""
+        return self.agent(name, ["gpu-guard", "--gpu-backend", self.node.gpu_backend, "--node-name", NODE_NAME,
+                                 "--pod-resources-socket", str(self.node.paths.pod_resources_socket), *extra])
 
     def dra_driver(self, *extra: str, name: str = "dra-driver") -> Agent:
         """`kubegpu dra-driver` registered with the real kubelet's plugin registry."""

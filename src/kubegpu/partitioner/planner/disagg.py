@@ -42,22 +42,34 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
         plans[mps.node].append(GpuPlan(index=mps.index, model_key=_model_key(problem, mps.node, mps.index),
                                        slices=tuple(sorted(slices.elements())), created=sum(new.values()),
                                        destroyed=sum((mps.current - keep).values())))
-    views = {name: _view(problem, name, plans[name]) for name in problem.states}
+    views: dict[str, NodeInfo] = {}  # built when a pod first looks at the node
     assignments: dict[str, str] = {}
+    # A node that cannot take a pod cannot take a later one asking the same (free capacity only shrinks, labels
+    # and taints do not change): each kind of pod resumes its supply group's scan where the last one stopped.
+    resume: dict[tuple[Any, ...], int] = {}
     for group in sorted(model.pods, key=lambda g: -g.priority):
         pods = iter(group.pods)
+        units = list(group.units.items())
         for where, column in sorted(group.columns.items()):
+            names = model.groups[where]
             for _ in range(round(values[column])):
                 pod = next(pods, None)
                 if pod is None:
                     break
                 need = pod_requirements(pod)
-                for name in model.groups[where]:
-                    view = views[name]
-                    if all(view.free(unit) >= n for unit, n in group.units.items()) and fits(need, view).ok:
+                kind = (where, id(group), tuple(need.requests.items()), need.node_selector,
+                        repr(need.affinity_terms), repr(need.tolerations), need.tolerates_unschedulable, need.node_name)
+                k = resume.get(kind, 0)
+                while k < len(names):
+                    view = views.get(names[k])
+                    if view is None:
+                        view = views[names[k]] = _view(problem, names[k], plans[names[k]])
+                    if all(view.free(unit) >= n for unit, n in units) and fits(need, view).ok:
                         view.add_pod(pod, need.requests)
-                        assignments[pod_key(pod)] = name
+                        assignments[pod_key(pod)] = names[k]
                         break
+                    k += 1
+                resume[kind] = k
     return plans, assignments
 
 

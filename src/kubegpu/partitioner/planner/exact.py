@@ -115,10 +115,10 @@ def exact_solve(problem: Problem, time_limit: float, started: float | None = Non
         return _exact_plan(problem, model, outcome, _bound(model, outcome))
     greedy = greedy_solve(problem)
     bound = _bound(model, outcome)
-    if time.perf_counter() < solver_deadline:  # e.g. the solver gave up early: go on from the better plan
-        start = _start_from(model, problem, greedy)
-        if _rank(stages, outcome.values) <= _rank(stages, start):
-            start = outcome.values
+    start = _start_from(model, problem, greedy)
+    # e.g. the solver gave up early: go on from the greedy's plan when it is the better one (from its own plan the
+    # solver would only repeat the effort it has just spent)
+    if time.perf_counter() < solver_deadline and _rank(stages, start) < _rank(stages, outcome.values):
         again = Lexicographic(model.solver, stages, loader).run(start, deadline=solver_deadline)
         if again.values is not None and _rank(stages, again.values) <= _rank(stages, outcome.values):
             bound = min(bound, _bound(model, again))

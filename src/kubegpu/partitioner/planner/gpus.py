@@ -185,6 +185,19 @@ class GpuCache:
         self._placed: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]],
                            tuple[PlacedInstance, ...] | None] = {}
         self._fragmentation: dict[tuple[str, int, tuple[PlacedInstance, ...]], int] = {}
+        self._errors: dict[tuple[str, int, tuple[PlacedInstance, ...]], str] = {}
+
+    def layout_error(self, model: GpuModel, layout: tuple[PlacedInstance, ...]) -> str:
+        """The first of `geometry.layout_errors` for a GPU's current layout, "" when it is legal: a controller
+        re-plans the same layouts pass after pass."""
+        key = (model.key, id(model), layout)
+        found = self._errors.get(key)
+        if found is None:
+            if len(self._errors) > self.LIMIT:
+                self._errors.clear()
+            problems = layout_errors(model, list(layout))
+            found = self._errors[key] = problems[0] if problems else ""
+        return found
 
     def resource_ids(self, model: GpuModel) -> dict[str, int]:
         """`nvidia.com/mig-<profile>` → GI profile id, for one model (ids differ between models: A30 vs A100)."""

@@ -42,6 +42,11 @@ _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixForma
 _INTEGRAL = 1e-6  # a relaxed value this close to an integer is that integer
 _DIVE_SHARE = 0.25  # of the time left, for the quick incumbent from the relaxation
 _EXACT = 2.0**50  # integers below this stay exact in doubles, with room for sums
+MAX_NODES = 100
+"""Branch-and-bound nodes per integer run: an effort limit that, unlike the wall-clock deadline, stops at the same
+point on a busy machine and an idle one. The planner's integer programs prove at the root node (every one of a
+simulated day of 800 GPUs but one, and every state of the quality benchmark); the rare one that does not is a
+fragmentation tie-breaker HiGHS cannot close in minutes, and is left with its best plan and proven bound."""
 
 
 class HighsLoader:
@@ -77,6 +82,9 @@ class HighsLoader:
                     os.close(devnull)
                 self._quiet = True
         highs.setOptionValue("output_flag", False)
+        # one thread: the planner's programs are small and HiGHS's worker threads mostly spin (a fifth of a
+        # simulated day's plan CPU on 800 GPUs), taking cores from the controller that runs beside it
+        highs.setOptionValue("threads", 1)
         return highs
 
 
@@ -348,6 +356,7 @@ class Lexicographic:
             highs.setOptionValue("mip_rel_gap", 0.0)
             highs.setOptionValue("mip_abs_gap", 0.99)
             highs.setOptionValue("random_seed", 0)
+            highs.setOptionValue("mip_max_nodes", MAX_NODES)
         kind = np.full(columns, _INTEGER if integer else _CONTINUOUS, dtype=np.int32)
         highs.passModel(columns, len(row_lower), len(index), _ROWWISE, _MINIMIZE, offset, cost[free], lower[free],
                         upper[free], row_lower, row_upper, starts[:-1].astype(np.int32), index,

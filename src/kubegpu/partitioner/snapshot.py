@@ -25,7 +25,7 @@ from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
 from kubegpu.files import load_data_file
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
-from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan
+from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan, pod_key, pod_priority
 from kubegpu.scheduling import parse_quantity
 
 PARTITIONING_LABEL = "kubegpu.io/gpu-partitioning"
@@ -189,8 +189,9 @@ def pod_dict(pod: PodState) -> dict[str, Any]:
     }
 
 
-def plan_to_json(result: Plan, nodes: list[NodeInput]) -> dict[str, Any]:
-    """The `kubegpu plan -o json` document: layouts per node and GPU index, then who fits and who does not."""
+def plan_to_json(result: Plan, nodes: list[NodeInput], pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The `kubegpu plan -o json` document: layouts per node and GPU index, then who fits and who does not, and
+    the objective against the planner's proven bound (`objective`)."""
     models = {g.model_key: g.model for n in nodes for g in n.gpus}
     out_nodes = []
     for node in nodes:
@@ -223,7 +224,35 @@ def plan_to_json(result: Plan, nodes: list[NodeInput]) -> dict[str, Any]:
         "bound": result.bound,
         "score": result.score,
         "note": result.note,
+        "objective": objective_json(result, pods),
     }
+
+
+def objective_json(result: Plan, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What the plan achieves against what any plan could: pods made schedulable (in all and per priority level),
+    the priority-weighted score and the planner's proven upper bound on it (one pod of a level outweighs every pod
+    below it; with one level, pods), their ratio, and the instances the plan creates and destroys."""
+    ratio = None
+    if result.score is not None and result.bound is not None:
+        ratio = 1.0 if result.bound == 0 else result.score / result.bound
+    out: dict[str, Any] = {
+        "schedulable": len(result.assignments),
+        "pending": len(result.assignments) + len(result.unschedulable),
+        "score": result.score,
+        "bound": result.bound,
+        "ratioToBound": ratio,
+        "provenOptimal": result.optimal,
+        "instancesChanged": result.created + result.destroyed,
+    }
+    if pods is not None:
+        levels: dict[int, list[int]] = {}
+        for pod in pods:
+            level = levels.setdefault(pod_priority(pod), [0, 0])
+            level[0] += 1
+            level[1] += pod_key(pod) in result.assignments
+        out["byPriority"] = [{"priority": p, "pending": n, "schedulable": m}
+                             for p, (n, m) in sorted(levels.items(), reverse=True)]
+    return out
 
 
 def optimality_line(result: Plan) -> str:
