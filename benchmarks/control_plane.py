@@ -91,7 +91,10 @@ def run_real(plane: ControlPlane, count: int, timeout: float, say: Callable[[str
         passes += 1
         return bound_count(setup, namespace) == count
 
-    wait_for(step, f"kube-scheduler to bind all {count} pods", timeout, interval=0.05)
+    try:
+        wait_for(step, f"kube-scheduler to bind all {count} pods", timeout, interval=0.05)
+    finally:
+        scaler.close()
     wall = time.monotonic() - started
     claims = len(cluster.list("NodeClaim"))
     for method, number in sorted(counter.by_method.items()):

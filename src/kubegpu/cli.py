@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from kubegpu.cliopts import OptionError, rewrite_legacy
 from kubegpu.errors import KubegpuError
 
 COMPONENT_CLIS = (
@@ -39,15 +40,26 @@ _ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if
 
 
 class _OneLineErrors(TyperGroup):
-    """Bad input anywhere ends as one `error:` line — exit status 1 for bad files and values, 2 for a malformed
-    command line (a wrong flag or value type) — in the real command and under CliRunner alike."""
+    """Bad input anywhere ends as one `error:` line — exit status 1 for bad files and what they hold, 2 for a
+    malformed command line (a wrong flag, or a bad value of any option) — in the real command and under CliRunner
+    alike. The contract every command's options follow is `kubegpu.cliopts`."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """Older spellings of a command's flags (hidden aliases, `kubegpu.cliopts.legacy_alias`) become the current
+        ones before the command parses them."""
+        name, command, rest = super().resolve_command(ctx, args)
+        path = name or ""
+        if command is not None and hasattr(command, "commands"):  # a group: the first word is its sub-command
+            sub = next((arg for arg in rest if not arg.startswith("-")), None)
+            path = f"{name} {sub}" if sub else path
+        return name, command, rewrite_legacy(path, rest)
 
     def invoke(self, ctx: Any) -> Any:  # typer vendors click; its Context type is private
         try:
             return super().invoke(ctx)
         except KubegpuError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(2 if isinstance(exc, OptionError) else 1) from None
         except _ClickException as exc:
             command = getattr(getattr(exc, "ctx", None), "command_path", None) or "kubegpu"
             message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
@@ -127,4 +139,4 @@ def main() -> None:
         build_app(modules_for(sys.argv[1:]))()
     except KubegpuError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(exc, OptionError) else 1)

@@ -68,6 +68,9 @@ class Harness:
         self.lines: list[str] = []
         opts = {"validation_delay": 15.0, **options}
         self.autoscaler = Autoscaler(self.cluster, self.provider, self.clock, Options(**opts), log=self.lines.append)
+        # what the test writes goes through the autoscaler's informers (written through to their cache), so a pass
+        # right after sees it even where the cache is fed by a watch over HTTP
+        self.writer = self.autoscaler.cluster
         self.replicated: dict[str, dict[str, Any]] = {}   # pods a ReplicaSet would recreate when evicted
         self._generation = 0
 
@@ -87,7 +90,7 @@ class Harness:
                 self.cluster.create(fresh)
 
     def add(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self.cluster.create(obj)
+        return self.writer.create(obj)
 
     def bind_pending(self) -> int:
         """kube-scheduler's part: bind each pending pod to the first node it fits (ready, untainted for it)."""
@@ -107,10 +110,10 @@ class Harness:
             for info in infos:
                 if fits(p, info).ok:
                     info.add_pod(p)
-                    self.cluster.patch("Pod", p["metadata"]["name"], {"spec": {"nodeName": info.name}},
-                                       namespace=p["metadata"]["namespace"])
-                    self.cluster.patch("Pod", p["metadata"]["name"], {"status": {"phase": "Running"}},
-                                       namespace=p["metadata"]["namespace"], subresource="status")
+                    self.writer.patch("Pod", p["metadata"]["name"], {"spec": {"nodeName": info.name}},
+                                      namespace=p["metadata"]["namespace"])
+                    self.writer.patch("Pod", p["metadata"]["name"], {"status": {"phase": "Running"}},
+                                      namespace=p["metadata"]["namespace"], subresource="status")
                     bound += 1
                     break
         return bound

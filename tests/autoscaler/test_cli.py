@@ -83,7 +83,7 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
     assert code == 1 and "invalid YAML" in out
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "xml")
-    assert code == 1 and "--output" in out
+    assert code == 2 and "-o/--output: 'xml' is not one of json, yaml, table" in out and out.count("\n") == 1
     pools_path, pods_path = files(tmp_path, [nodepool("ok")], [pod("a", spec={"nodeName": "ghost"})])
     code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path))
     assert code == 1 and "spec.nodeName 'ghost' is not among the --nodes" in out
@@ -152,11 +152,23 @@ def test_entry_point_exits_1_with_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--registration-delay", "-5"], "--registration-delay must be >= 0 and --interval > 0"),
-    (["--interval", "0"], "--registration-delay must be >= 0 and --interval > 0"),
+    (["--registration-delay", "-5"], "Invalid value for '--registration-delay': must be at least 0 seconds"),
+    (["--interval", "0"], "Invalid value for '--interval': must be more than 0"),
     (["--metrics-port", "70000"], "--metrics-port: must be 0 (off) or a port 1..65535, got 70000"),
-    (["--lease-duration", "0"], "--lease-duration: must be > 0"),
+    (["--lease-duration", "0s"], "Invalid value for '--lease-duration': must be more than 0"),
+    (["--batch-idle-duration", "5s", "--batch-max-duration", "1s"],
+     "--batch-max-duration: must be at least as long as --batch-idle-duration"),
+    (["--provider", "gce"], "Invalid value for '--provider': 'gce' is not one of kwok, aws"),
 ])
 def test_autoscaler_flags_are_checked_before_touching_the_cluster(flags: list[str], message: str) -> None:
-    code, out = invoke("autoscaler", "--once", *flags)
-    assert (code, out) == (1, f"error: {message}\n")
+    code, out = invoke("autoscaler", "--once", *flags)  # --once: the older spelling of --oneshot, still accepted
+    assert code == 2 and out.count("\n") == 1 and out.startswith("error: ") and message in out, out
+
+
+def test_autoscaler_durations_take_go_style_values() -> None:
+    from kubegpu.autoscaler.cli import autoscaler_command
+
+    assert "simulated provider" not in (autoscaler_command.__doc__ or "")
+    code, out = invoke("autoscaler", "--oneshot", "--interval", "1m30s", "--batch-idle-duration", "500ms",
+                       "--lease-duration", "abc")
+    assert code == 2 and "'--lease-duration'" in out

@@ -7,7 +7,7 @@ import itertools
 from typing import Any
 
 from kubegpu.autoscaler.disruption import pod_disruption_cost
-from kubegpu.autoscaler.state import drain_group, is_true
+from kubegpu.autoscaler.objects import drain_group, is_true
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
 
 TYPES = [instance_type("small", 2, 8, 0.10), instance_type("medium", 4, 16, 0.20),

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from kubegpu.autoscaler.objects import is_true
 from kubegpu.autoscaler.provisioner import take_snapshot
-from kubegpu.autoscaler.state import is_true
 from kubegpu.kube import ApiError
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
 
@@ -121,8 +121,7 @@ def test_unregistered_claim_is_deleted_after_15_minutes() -> None:
     h.add(pod("a", cpu="1"))
     h.run(3, bind=False)   # launched: the Node exists but has not registered yet
     [node] = h.nodes()
-    h.cluster.patch("Node", node["metadata"]["name"], {"metadata": {"finalizers": None}})
-    h.cluster.delete("Node", node["metadata"]["name"])
+    h.cluster.delete("Node", node["metadata"]["name"])   # not registered: no finalizer of ours holds it yet
     h.provider.instances.clear()
     h.run(60 * 14, step=60, bind=False)
     names = {c["metadata"]["name"] for c in h.claims()}
@@ -136,6 +135,13 @@ def test_lifecycle_over_http_against_kmock(apiserver: Any) -> None:
     """The same walk through a real LightkubeCluster talking HTTP to the kmock-backed API server."""
     apiserver.reset()
     h = Harness(TYPES, registration_delay=6.0, cluster=apiserver.cluster(), validation_delay=0.0)
+    try:
+        _walk_over_http(h)
+    finally:
+        h.autoscaler.close()   # its informers' watches end with it
+
+
+def _walk_over_http(h: Harness) -> None:
     h.add(nodepool("kmock-mig", labels={"nvidia.com/mig.config": "all-1g.10gb"}))
     for i in range(3):
         h.add(pod(f"kmock-{i}", cpu="1", limits={"nvidia.com/mig-1g.10gb": 1}))

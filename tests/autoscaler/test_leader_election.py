@@ -64,6 +64,15 @@ def walk(raw: tuple[Any, Any], clock: VirtualClock, namespace: str, pool: str) -
     cluster.create(pod(f"{pool}-first", cpu="3", namespace=namespace, spec=mine))
     clusters = (Writes(raw[0]), Writes(raw[1]))
     a, b = replicas(clusters, clock, namespace)
+    try:
+        _take_over(cluster, clusters, a, b, clock, namespace, pool, mine)
+    finally:
+        a.close()   # their informers' watches end with them
+        b.close()
+
+
+def _take_over(cluster: Any, clusters: tuple[Writes, Writes], a: Autoscaler, b: Autoscaler, clock: VirtualClock,
+               namespace: str, pool: str, mine: dict[str, Any]) -> None:
     for _ in range(10):  # both pass every second; a got the Lease first and renews it on every pass
         assert [a.step(), b.step()] == [True, False]
         clock.advance(1.0)

@@ -16,7 +16,7 @@ import copy
 from typing import Any
 
 from kubegpu.autoscaler import labels as L
-from kubegpu.autoscaler.state import has_taint
+from kubegpu.autoscaler.objects import has_taint
 from kubegpu.kube.cluster import WatchEvent
 from kubegpu.scheduling import parse_quantity
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod

@@ -16,7 +16,7 @@ import pytest
 from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.provider import SimulatedProvider
 from kubegpu.clock import RealClock
-from kubegpu.kube import Cluster, NotFound
+from kubegpu.kube import NotFound
 from kubegpu.kube.lightkube_cluster import LightkubeCluster
 from kubegpu.testing.session import RealCluster, WaitTimeout, wait_for
 from tests.autoscaler.builders import instance_type, nodepool, pod
@@ -84,17 +84,15 @@ def scaler(real_cluster: RealCluster, namespace: str, crds: list[str]) -> Iterat
         return result
 
     yield make
-    for each in made:  # leave no NodeClaim or Node behind for the next test's autoscaler
-        _force_delete(each.cluster, "NodePool", [each.pool])
-        _force_delete(each.cluster, "NodeClaim", [c["metadata"]["name"] for c in each.claims()])
-        _force_delete(each.cluster, "Node", each.nodes())
-
-
-def _force_delete(cluster: Cluster, kind: str, names: list[str]) -> None:
-    for name in names:
-        with contextlib.suppress(NotFound):
-            cluster.patch(kind, name, {"metadata": {"finalizers": None}})
-            cluster.delete(kind, name)
+    for each in made:  # leave no NodeClaim or Node behind: deleted through the API, terminated by the autoscaler
+        for claim in each.claims():
+            with contextlib.suppress(NotFound):
+                each.cluster.delete("NodeClaim", claim["metadata"]["name"])
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda each=each: each.autoscaler.step() and not each.claims() and not each.nodes(),
+                     "the test's NodeClaims to terminate", 30, interval=0.2)
+        each.cluster.delete("NodePool", each.pool)
+        each.autoscaler.close()
 
 
 def test_pending_gpu_pods_get_nodes_and_consolidation_waits_for_the_budget(

@@ -71,3 +71,5 @@ def test_two_autoscaler_replicas_one_acts_the_other_takes_over(real_cluster: Rea
     assert replicas[0].step() is False
     spec = real_cluster.admin.get("Lease", lease, namespace)["spec"]
     assert spec["holderIdentity"] == "autoscaler-1" and spec["leaseTransitions"] == 1
+    for replica in replicas:
+        replica.close()

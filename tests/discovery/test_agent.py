@@ -122,7 +122,7 @@ def test_cli_flag_overrides_config_file_and_bad_values_are_one_line(tmp_path: Pa
     assert "nvidia.com/mig.strategy=mixed" in out.read_text()
     bad = CliRunner().invoke(app, ["discover", "--gpu-backend", f"sim:{node}", "--mig-strategy", "both",
                                    "--oneshot", "-o", str(out)])
-    assert bad.exit_code == 1
+    assert bad.exit_code == 2
     assert_one_error_line(bad.output, "--mig-strategy")
 
 

@@ -48,4 +48,4 @@ def test_discover_command_labels_the_node_with_a_kubeconfig(apiserver: Any, tmp_
     assert "GPU 1 XID 79" in hardware["message"]
     missing_node = CliRunner().invoke(app, ["discover", "--gpu-backend", f"sim:{node_file}", "--oneshot",
                                             "--kubernetes"], env={"NODE_NAME": ""})
-    assert missing_node.exit_code == 1 and "--node-name" in missing_node.output
+    assert missing_node.exit_code == 2 and "--node-name" in missing_node.output

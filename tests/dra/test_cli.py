@@ -116,10 +116,10 @@ def test_slices_yaml_is_multi_document(tmp_path: Path) -> None:
 
 def test_dra_driver_bad_flags_are_one_line(tmp_path: Path) -> None:
     node = node_file(tmp_path)
-    for extra, message in [(["--slice-layout", "tall"], "--slice-layout: expected split or combined"),
-                           (["--health-interval", "0"], "--health-interval: must be positive")]:
+    for extra, message in [(["--slice-layout", "tall"], "'--slice-layout': 'tall' is not one of split, combined"),
+                           (["--health-interval", "0"], "'--health-interval': must be more than 0")]:
         result = runner.invoke(app, ["dra-driver", "--gpu-backend", f"sim:{node}", "--node-name", "node-a", *extra])
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and message in lines[0]
 

@@ -236,16 +236,16 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     broken_node = tmp_path / "broken.json"
     broken_node.write_text("{not json")
     runner = CliRunner()
-    cases = [
-        (["--collectors", str(bad_csv)], f"{bad_csv}:2: malformed CSV record on line 2"),
-        (["--gpu-backend", f"sim:{broken_node}"], f"{broken_node}:1:2: invalid JSON"),
-        (["--address", "[::1]:x"], "--address: expected HOST:PORT"),
-        (["--address", "nonsense"], "--address: expected HOST:PORT"),
-        (["--collect-interval", "0"], "--collect-interval: must be a positive number"),
+    cases = [  # bad files exit 1, bad flag values 2 (the CLI contract)
+        (["--collectors", str(bad_csv)], f"{bad_csv}:2: malformed CSV record on line 2", 1),
+        (["--gpu-backend", f"sim:{broken_node}"], f"{broken_node}:1:2: invalid JSON", 1),
+        (["--address", "[::1]:x"], "'--address' / '-a' (env var: 'DCGM_EXPORTER_LISTEN'): expected HOST:PORT", 2),
+        (["--address", "nonsense"], "'--address' / '-a' (env var: 'DCGM_EXPORTER_LISTEN'): expected HOST:PORT", 2),
+        (["--collect-interval", "0"], "'--collect-interval' / '-c' (env var: 'DCGM_EXPORTER_INTERVAL'): must be", 2),
     ]
-    for extra, message in cases:
+    for extra, message, status in cases:
         result = runner.invoke(app, ["exporter", "--gpu-backend", f"sim:{node}", *extra])
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == status, result.output
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
 

@@ -30,7 +30,7 @@ from kubegpu.errors import KubegpuError
 from kubegpu.exporter.counters import default_counters_text, load_counters
 from kubegpu.files import read_text
 from kubegpu.gpu.simulated import SimulatedBackend, new_node_state, parse_gpu_spec
-from kubegpu.partitioner.state import load_state, planner_inputs
+from kubegpu.partitioner.snapshot import load_state, planner_inputs
 from kubegpu.sharing.mps import (
     GpuLimits,
     MpsPlan,

@@ -25,7 +25,7 @@ from kubegpu.files import (
     write_durable,
 )
 from kubegpu.gpu.simulated import SimulatedBackend, parse_gpu_spec
-from kubegpu.partitioner.state import load_state
+from kubegpu.partitioner.snapshot import load_state
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.sim.scenario import load_scenario
 

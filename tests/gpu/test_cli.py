@@ -30,7 +30,7 @@ def _app() -> typer.Typer:
 def test_create_inject_show(tmp_path: Path) -> None:
     app = _app()
     node = tmp_path / "node.json"
-    created = runner.invoke(app, ["sim-node", "create", "--gpus", "4xH100-SXM5-80GB,4xL4", "--out", str(node),
+    created = runner.invoke(app, ["sim-node", "create", "--gpus", "4xH100-SXM5-80GB,4xL4", "--output-file", str(node),
                                   "--node-name", "gpu-node-1"])
     assert created.exit_code == 0, created.output
     assert "8 GPUs (4xH100-SXM5-80GB, 4xL4)" in created.output
@@ -63,7 +63,8 @@ def test_create_inject_show(tmp_path: Path) -> None:
 
 def test_errors_are_kubegpu_errors(tmp_path: Path) -> None:
     app = _app()
-    bad_model = runner.invoke(app, ["sim-node", "create", "--gpus", "8xV100", "--out", str(tmp_path / "n.json")])
+    bad_model = runner.invoke(app, ["sim-node", "create", "--gpus", "8xV100",
+                                    "--output-file", str(tmp_path / "n.json")])
     assert isinstance(bad_model.exception, KubegpuError)
     assert "V100" in str(bad_model.exception) and "A100-SXM4-80GB" in str(bad_model.exception)
     missing = runner.invoke(app, ["sim-node", "show", str(tmp_path / "none.json")])
@@ -81,11 +82,12 @@ def _kubegpu() -> list[str]:
 
 def test_real_subprocess_round_trip(tmp_path: Path) -> None:
     node = tmp_path / "node.json"
+    # --out: the older spelling README and scripts use, still accepted (a hidden alias of --output-file)
     ok = subprocess.run([*_kubegpu(), "sim-node", "create", "--gpus", "8xA100-SXM4-80GB", "--out", str(node)],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert len(SimulatedBackend(node).devices()) == 8
-    bad = subprocess.run([*_kubegpu(), "sim-node", "create", "--gpus", "2xA200", "--out", str(node)],
+    bad = subprocess.run([*_kubegpu(), "sim-node", "create", "--gpus", "2xA200", "--output-file", str(node)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
     assert bad.stderr.strip().startswith("error: unknown GPU model 'A200'; known: A100-SXM4-40GB")
@@ -95,12 +97,13 @@ def test_real_subprocess_round_trip(tmp_path: Path) -> None:
 
 def test_create_into_a_directory_or_unwritable_place_is_one_line(tmp_path: Path) -> None:
     app = _app()
-    into_dir = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(tmp_path)])
+    into_dir = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--output-file", str(tmp_path)])
     assert isinstance(into_dir.exception, KubegpuError)
     assert "is a directory" in str(into_dir.exception)
     blocker = tmp_path / "plain-file"
     blocker.write_text("")
-    under_file = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(blocker / "node.json")])
+    under_file = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4",
+                                     "--output-file", str(blocker / "node.json")])
     assert isinstance(under_file.exception, KubegpuError)  # an OSError, not a traceback or a 30 s lock wait
     assert f"cannot write simulated node file {blocker / 'node.json'}" in str(under_file.exception)
 
@@ -108,7 +111,7 @@ def test_create_into_a_directory_or_unwritable_place_is_one_line(tmp_path: Path)
 def test_node_name_must_be_a_kubernetes_node_name(tmp_path: Path) -> None:
     app = _app()
     for bad in ("", "GPU_Node", "-node"):
-        result = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--out", str(tmp_path / "n.json"),
+        result = runner.invoke(app, ["sim-node", "create", "--gpus", "1xL4", "--output-file", str(tmp_path / "n.json"),
                                      "--node-name", bad])
         assert isinstance(result.exception, KubegpuError)
         assert str(result.exception).startswith(f"--node-name {bad!r}: must be a Kubernetes node name")

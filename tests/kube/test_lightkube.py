@@ -27,6 +27,7 @@ def test_selectors_reach_the_server_in_api_syntax(apiserver: ApiServer) -> None:
 
 
 def test_watch_asks_for_resource_version_and_server_timeout(apiserver: ApiServer) -> None:
+    apiserver.reset()  # kmock replays every object on a watch: other tests' NodeClaims would come back
     cluster = apiserver.cluster()
     assert list(cluster.watch("NodeClaim", resource_version="7", label_selector="pool=gpu", timeout=0.2)) == []
     request = apiserver.requests()[-1]

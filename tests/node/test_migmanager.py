@@ -24,7 +24,7 @@ from kubegpu.testing.nodepods import (
 
 @pytest.fixture
 def fresh_gpus(real_node: NodeSession) -> Iterator[SimulatedBackend]:
-    yield SimulatedBackend(real_node.node.node_file)
+    yield SimulatedBackend.create(real_node.node.node_file, real_node.node.gpus, node_name="real-node-0")
     SimulatedBackend.create(real_node.node.node_file, real_node.node.gpus, node_name="real-node-0")
     real_node.cluster.patch("Node", "real-node-0", {"metadata": {"labels": {
         "nvidia.com/mig.config": None, "nvidia.com/mig.config.state": None}}})

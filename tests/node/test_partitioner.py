@@ -30,7 +30,7 @@ P1G = 19  # 1g.10gb on an A100-80GB
 
 @pytest.fixture
 def cut_gpus(real_node: NodeSession) -> Iterator[SimulatedBackend]:
-    backend = SimulatedBackend(real_node.node.node_file)
+    backend = SimulatedBackend.create(real_node.node.node_file, real_node.node.gpus, node_name="real-node-0")
     backend.set_mig_mode(0, True)
     backend.reset_gpu(0)
     for start in range(7):

@@ -26,8 +26,8 @@ GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
 
 @pytest.fixture
 def gpus(real_node: NodeSession) -> Iterator[SimulatedBackend]:
-    """The node's simulated GPUs for a test to re-cut; fresh (no MIG) again afterwards."""
-    yield SimulatedBackend(real_node.node.node_file)
+    """The node's simulated GPUs, fresh, for a test to re-cut; fresh (no MIG) again afterwards."""
+    yield SimulatedBackend.create(real_node.node.node_file, real_node.node.gpus, node_name="real-node-0")
     SimulatedBackend.create(real_node.node.node_file, real_node.node.gpus, node_name="real-node-0")
 
 

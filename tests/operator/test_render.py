@@ -69,7 +69,7 @@ def test_generated_crd_is_structural_valid_and_on_disk() -> None:
     assert crd["spec"]["scope"] == "Cluster" and crd["metadata"]["name"] == "clusterpolicies.kubegpu.io"
     assert set(schema["properties"]["status"]["properties"]["state"]["enum"]) == {"ready", "notReady", "ignored"}
     on_disk = yaml.safe_load((REPO_CRDS / "clusterpolicies.kubegpu.io.yaml").read_text())
-    assert on_disk == crd, "deploy/crds is stale: run `kubegpu operator crds -o deploy/crds`"
+    assert on_disk == crd, "deploy/crds is stale: run `kubegpu operator crds --output-dir deploy/crds`"
 
 
 def test_every_block_has_the_common_fields() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubegpu.autoscaler.state import is_provisionable
+from kubegpu.autoscaler.objects import is_provisionable
 from kubegpu.partitioner.controller import could_help
 from kubegpu.quota.elastic import QuotaPod, TeamQuota, decide
 from kubegpu.scheduling import is_scheduling_gated

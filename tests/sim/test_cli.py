@@ -95,28 +95,30 @@ def test_default_scenario_runs_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--strategies", "magic"], "error: unknown strategy 'magic'"),
-        (["--duration", "-1"], "error: --duration: must be a positive number of hours"),
+        (["--strategies", "magic"], "error: --strategies: unknown strategy 'magic'"),
+        (["--duration", "-1"], "Invalid value for '--duration': must be more than 0"),
+        (["--duration", "soon"], "Invalid value for '--duration': expected a duration such as 500ms"),
         (["--strategies", ","], "error: --strategies: give at least one strategy"),
         (["--strategies", "static-mig:all-balanced@h100"],
-         "error: strategy static-mig:all-balanced@h100: no node group 'h100' in the scenario; its node groups: a100"),
+         "error: --strategies: strategy static-mig:all-balanced@h100: no node group 'h100' in the scenario; its node "
+         "groups: a100"),
         (["--strategies", "exclusive,static-mig:all-nope"],
-         "error: strategy static-mig:all-nope: no mig-parted config 'all-nope' for A100-SXM4-80GB"),
+         "error: --strategies: strategy static-mig:all-nope: no mig-parted config 'all-nope' for A100-SXM4-80GB"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(
     args: list[str], message: str, scenario_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, err = run_main(["simulate", "--scenario", str(scenario_file), *args], capsys)
-    assert code == 1
-    assert err.startswith(message)
+    assert code == 2
+    assert err.startswith("error: ") and message in err
     assert err.count("\n") == 1
 
 
 def test_a_bad_layout_is_refused_before_any_strategy_runs(scenario_file: Path) -> None:
     result = CliRunner().invoke(app, ["simulate", "--scenario", str(scenario_file),
                                       "--strategies", "exclusive,static-mig:all-nope"], terminal_width=200)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no mig-parted config 'all-nope'" in result.stderr
     assert "exclusive" not in result.stdout  # no progress bar, no table: nothing ran
 
@@ -135,7 +137,8 @@ def test_unwritable_report_path_is_a_one_line_error(scenario_file: Path, capsys:
     code, err = run_main(["simulate", "--scenario", str(scenario_file), "--duration", "0.5",
                           "--json", "/nonexistent-dir/r.json"], capsys)
     assert code == 1
-    assert err == "error: --json /nonexistent-dir/r.json: cannot write: directory /nonexistent-dir does not exist\n"
+    assert err == ("error: --json-file /nonexistent-dir/r.json: cannot write: directory /nonexistent-dir does not "
+                   "exist\n")  # --json: the older spelling, still accepted
 
 
 def test_validate_config_knows_scenario_files(scenario_file: Path, tmp_path: Path,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,17 @@ from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_types, load_instance_types
 from kubegpu.autoscaler.provisioner import plan_summary, run_pass
 from kubegpu.autoscaler.scheduler import pod_problem
+from kubegpu.cliopts import (
+    FORMATS,
+    OptionError,
+    choice_option,
+    duration_option,
+    emit,
+    legacy_alias,
+    metrics_address_option,
+    oneshot_option,
+    output_option,
+)
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import parse_yaml_documents, read_text
 from kubegpu.scheduling import node_info, parse_quantity
@@ -89,14 +99,18 @@ def _check_pods(pods: list[dict[str, Any]], path: Path) -> None:
             raise ConfigError(f"{path}: {why}")
 
 
+PROVIDERS = ("kwok", "aws")
+
+
 def provision_command(
     nodepools: Path = typer.Option(..., "--nodepools", help="NodePool manifests (YAML/JSON, list or multi-doc)."),
     instance_types: Path | None = typer.Option(
         None, "--instance-types", help="Instance types in Karpenter's kwok JSON format (default: shipped catalogue)."),
     pods: Path = typer.Option(..., "--pods", help="Pending Pod manifests (YAML/JSON list or multi-doc)."),
     nodes: Path | None = typer.Option(None, "--nodes", help="Existing Node manifests; pods with nodeName count there."),
-    output: str = typer.Option("table", "--output", "-o", help="table or json."),
-    provider: str = typer.Option("kwok", "--provider", help="kwok (instance-type file) or aws (the account's types)."),
+    output: str = output_option("table", FORMATS),
+    provider: str = choice_option("kwok", PROVIDERS, "--provider",
+                                  help="Cloud provider: kwok (instance-type file) or aws (the account's types)."),
     region: str | None = typer.Option(None, "--region", help="AWS region (default: AWS_REGION / AWS_DEFAULT_REGION)."),
     nodeclasses: Path | None = typer.Option(None, "--nodeclasses", help="EC2NodeClass manifests (--provider aws)."),
     launch: bool = typer.Option(False, "--launch", help="Also launch the NodeClaims (--provider aws)."),
@@ -104,15 +118,13 @@ def provision_command(
     isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
 ) -> None:
     """Run one provisioning pass offline: which NodeClaims Karpenter-style provisioning would create, and why not."""
-    if output not in ("table", "json"):
-        raise ConfigError(f"--output: must be table or json, got {output!r}")
     from kubegpu.autoscaler.aws.cli import check_provider  # no boto3 import: kwok works without the extra
 
     check_provider(provider)
     if provider == "kwok" and (launch or nodeclasses):
-        raise ConfigError(f"{'--launch' if launch else '--nodeclasses'}: only with --provider aws")
+        raise OptionError(f"{'--launch' if launch else '--nodeclasses'}: only with --provider aws")
     if provider == "aws" and instance_types:
-        raise ConfigError("--instance-types: only with --provider kwok (aws reads the account's instance types)")
+        raise OptionError("--instance-types: only with --provider kwok (aws reads the account's instance types)")
     pools = load_nodepools(nodepools)
     aws = None
     if provider == "aws":
@@ -148,15 +160,14 @@ def provision_command(
 
         summary = {"nodeclaims": launch_claims(aws, result, pools, RealClock().now()),
                    "unschedulable": summary["unschedulable"], "cost": summary["cost"]}
-        if output == "table":
-            for row in summary["nodeclaims"]:
-                typer.echo(f"{row['name']}\t{row['instanceType']}\t{row['zone']}\t{row['capacityType']}\t"
-                           f"{row['providerID'] or row.get('error')}")
+        if output != "table":
+            emit(summary, output)
             return
-    if output == "json":
-        typer.echo(json.dumps(summary, indent=2))
+        for row in summary["nodeclaims"]:
+            typer.echo(f"{row['name']}\t{row['instanceType']}\t{row['zone']}\t{row['capacityType']}\t"
+                       f"{row['providerID'] or row.get('error')}")
         return
-    _print_table(summary)
+    emit(summary, output, table=lambda: _print_table(summary))
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -178,20 +189,25 @@ def autoscaler_command(
     instance_types: Path | None = typer.Option(
         None, "--instance-types", envvar="INSTANCE_TYPES_FILE_PATH",
         help="Instance types in kwok JSON format (default: shipped catalogue)."),
-    registration_delay: float = typer.Option(30.0, "--registration-delay", help="Seconds before a new node registers."),
-    batch_idle: float = typer.Option(1.0, "--batch-idle-duration", envvar="BATCH_IDLE_DURATION"),
-    batch_max: float = typer.Option(10.0, "--batch-max-duration", envvar="BATCH_MAX_DURATION"),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between passes."),
+    registration_delay: float = duration_option(30.0, "--registration-delay",
+                                                help="How long a new simulated node takes to register (kwok)."),
+    batch_idle: float = duration_option(1.0, "--batch-idle-duration", positive=True, envvar="BATCH_IDLE_DURATION",
+                                        help="A batch of pending pods closes this long after its last new pod."),
+    batch_max: float = duration_option(10.0, "--batch-max-duration", positive=True, envvar="BATCH_MAX_DURATION",
+                                       help="Longest a batch of pending pods stays open, from its first pod."),
+    interval: float = duration_option(1.0, "--interval", positive=True, help="Time between passes."),
     disruption: bool = typer.Option(True, "--disruption/--no-disruption", help="Consolidate and expire nodes."),
-    once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
-    metrics_address: str = typer.Option(
-        ":8080", "--metrics-address", help="HOST:PORT to serve Karpenter-named metrics on (empty: off)."),
+    once: bool = oneshot_option(),
+    metrics_address: str = metrics_address_option(
+        ":8080", "HOST:PORT to serve Karpenter-named metrics on (empty: off)."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", hidden=True,
                                             help="Deprecated spelling of --metrics-address :PORT (0: off)."),
     identity: str = typer.Option("", "--identity", help="Leader-election identity (default: host name)."),
-    lease_namespace: str = typer.Option("kube-system", "--lease-namespace"),
-    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
-    provider: str = typer.Option("kwok", "--provider", help="kwok (simulated nodes) or aws (EC2 instances)."),
+    lease_namespace: str = typer.Option("kube-system", "--lease-namespace", help="Namespace of the leader Lease."),
+    lease_duration: float = duration_option(15.0, "--lease-duration", positive=True,
+                                            help="How long a leader holds the Lease."),
+    provider: str = choice_option("kwok", PROVIDERS, "--provider",
+                                  help="Cloud provider: kwok (simulated nodes) or aws (EC2 instances)."),
     region: str | None = typer.Option(None, "--region", help="AWS region (default: AWS_REGION / AWS_DEFAULT_REGION)."),
     nodeclasses: Path | None = typer.Option(
         None, "--nodeclasses", help="EC2NodeClass manifests (aws; default: the cluster's EC2NodeClass objects)."),
@@ -201,9 +217,11 @@ def autoscaler_command(
                                      help="Cluster name in the launch tags (aws)."),
     isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
 ) -> None:
-    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster) with the simulated provider.
+    """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster).
 
-    Replicas elect a leader through the kubegpu-autoscaler Lease; only the leader provisions and disrupts."""
+    Nodes come from the cloud provider named by --provider: kwok (kwok-style simulated nodes from an instance-type
+    file) or aws (EC2 instances). Reads the cluster through informers (listed once, then watched). Replicas elect a
+    leader through the kubegpu-autoscaler Lease; only the leader provisions, disrupts and terminates."""
     import socket
 
     from kubegpu.autoscaler.controller import LEASE_NAME, Autoscaler, Options
@@ -212,30 +230,22 @@ def autoscaler_command(
     from kubegpu.kube import LightkubeCluster
     from kubegpu.kube.leader import LeaderElector
 
-    if batch_idle <= 0 or batch_max < batch_idle:
-        raise ConfigError("--batch-idle-duration must be > 0 and --batch-max-duration at least as long")
-    if registration_delay < 0 or interval <= 0:
-        raise ConfigError("--registration-delay must be >= 0 and --interval > 0")
-    if lease_duration <= 0:
-        raise ConfigError("--lease-duration: must be > 0")
+    if batch_max < batch_idle:
+        raise OptionError("--batch-max-duration: must be at least as long as --batch-idle-duration")
     if metrics_port is not None:  # the old flag keeps working: --metrics-port N is --metrics-address :N
         if not 0 <= metrics_port <= 65535:
-            raise ConfigError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
+            raise OptionError(f"--metrics-port: must be 0 (off) or a port 1..65535, got {metrics_port}")
         metrics_address = f":{metrics_port}" if metrics_port else ""
-    if metrics_address:
-        from kubegpu.endpoints import parse_listen_address
-
-        parse_listen_address(metrics_address, "--metrics-address")
     from kubegpu.autoscaler.aws.cli import check_provider
 
     check_provider(provider)
     if provider == "kwok" and (interruption_queue or nodeclasses):
-        raise ConfigError(f"{'--interruption-queue' if interruption_queue else '--nodeclasses'}: only with "
+        raise OptionError(f"{'--interruption-queue' if interruption_queue else '--nodeclasses'}: only with "
                           "--provider aws")
     console = Console(stderr=True)
     cluster = LightkubeCluster()
     clock = RealClock()
-    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption)
+    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption, parallelism=16)
     elector = LeaderElector(cluster, identity or socket.gethostname(), LEASE_NAME, namespace=lease_namespace,
                             lease_duration=lease_duration)
     scaler: Autoscaler
@@ -291,4 +301,5 @@ def register_validators() -> None:
 def register(app: typer.Typer) -> None:
     app.command("provision")(provision_command)
     app.command("autoscaler")(autoscaler_command)
+    legacy_alias("autoscaler", "--once", "--oneshot")
     register_validators()

@@ -1,23 +1,35 @@
-"""The autoscaler: provider tick, NodeClaim lifecycle, provisioning, termination and disruption in one step.
+"""The autoscaler: NodeClaim lifecycle, provisioning, disruption, termination and the provider's upkeep, as stages.
 
-`Autoscaler.step()` is one synchronous pass over the cluster interface, so the same code runs under `kubegpu
-autoscaler` (real clock, a loop with `run()`) and in the simulator (virtual clock, one step per tick). With a
-`LeaderElector` (the command always has one) a pass first holds the `kubegpu-autoscaler` Lease, so several replicas
-can run and only one provisions or disrupts: two acting at once would each buy a node for the same pending pods.
+`Autoscaler.step()` is one synchronous pass through every stage, so the same code runs under `kubegpu autoscaler`
+and in the simulator (virtual clock, one step per tick). Each stage stands alone: one that fails is logged and the
+others still run. `run()` (the command) goes further and runs the stage groups concurrently — lifecycle with
+provisioning and disruption, termination, and each upkeep task of the provider (the simulated provider's kubelet,
+EC2NodeClass status, interruption messages, garbage collection) — so a slow cloud call in one never holds up the
+others.
+
+Every pass reads the cluster from memory: `ClusterState` wraps the cluster in informers (listed once, then
+watched). With a `LeaderElector` (the command always has one) only the holder of the `kubegpu-autoscaler` Lease
+acts, so several replicas can run: two acting at once would each buy a node for the same pending pods. What a
+leader leaves half done — NodeClaims being deleted, replacements under way — is in the API for the next one.
+
+The cloud is a `CloudProvider` the controller is handed (`provider.py`: the simulated one; `aws/`: EC2); what a
+provider must also do on a schedule it hands in as `upkeep` tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed
 from kubegpu.autoscaler.disruption import Disruption
 from kubegpu.autoscaler.lifecycle import Lifecycle
-from kubegpu.autoscaler.provisioner import Provisioner, take_snapshot
-from kubegpu.autoscaler.state import name_of
+from kubegpu.autoscaler.provisioner import Provisioner
 from kubegpu.autoscaler.termination import Termination
 from kubegpu.metrics import AutoscalerMetrics
 
@@ -38,54 +50,128 @@ class Options:
     replacement_timeout: float = 600.0
     disruption: bool = True
     evict_pods: bool = True   # drain through the cluster (False: the provider's delete evicts, as the simulator's)
+    parallelism: int = 1      # NodeClaim creations, launches and registrations at a time (the command: 16)
+
+
+class Upkeep(Protocol):
+    """A provider's periodic task (EC2NodeClass status, interruption queue, garbage collection): its own stage."""
+
+    name: str
+    kinds: tuple[str, ...]   # further kinds the autoscaler's informers must hold for it (e.g. EC2NodeClass)
+
+    def run(self, scaler: Autoscaler) -> None: ...
 
 
 class Autoscaler:
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, options: Options | None = None,
-                 log: Callable[[str], None] | None = None, elector: LeaderElector | None = None) -> None:
+                 log: Callable[[str], None] | None = None, elector: LeaderElector | None = None,
+                 upkeep: Sequence[Upkeep] = ()) -> None:
         opts = options or Options()
         self.elector = elector  # None: act on every pass (one replica, tests, the simulator)
-        self.cluster = cluster
+        self.upkeep = list(upkeep)
+        self.cluster = informed(cluster, [k for task in self.upkeep for k in task.kinds])
+        self.state = ClusterState(self.cluster, clock, 2 * opts.batch_max)
         self.provider = provider
         self.clock = clock
         self.options = opts
         self.log = log or (lambda _line: None)
-        self.provisioner = Provisioner(cluster, provider, clock, opts.batch_idle, opts.batch_max, self.log)
-        self.termination = Termination(cluster, provider, clock, self.log, opts.evict_pods)
-        self.lifecycle = Lifecycle(cluster, provider, clock, self.termination.start, self.log)
-        self.disruption = Disruption(cluster, provider, self.provisioner, self.termination, clock,
+        self.provisioner = Provisioner(self.cluster, provider, clock, opts.batch_idle, opts.batch_max, self.log,
+                                       state=self.state, parallelism=opts.parallelism)
+        self.termination = Termination(self.cluster, provider, clock, self.log, opts.evict_pods, state=self.state)
+        self.lifecycle = Lifecycle(self.cluster, provider, clock, self.termination.start, self.log,
+                                   state=self.state, parallelism=opts.parallelism)
+        self.disruption = Disruption(self.cluster, provider, self.provisioner, self.termination, clock,
                                      opts.validation_delay, opts.replacement_timeout, self.log)
         self.metrics = AutoscalerMetrics()
         for component in (self.provisioner, self.termination, self.lifecycle, self.disruption):
             component.metrics = self.metrics
+        self.failures: dict[str, int] = {}   # stage → passes it failed in (for tests and logs)
+        self._last: Snapshot | None = None
 
-    def step(self) -> bool:
-        """One pass; False, having done nothing, while another replica holds the Lease."""
-        if self.elector is not None and not self.elector.try_acquire(self.clock.now()):
-            self.provisioner.batcher.reset()  # a window from an earlier term must not fire on takeover
+    # -- stages ---------------------------------------------------------------------------------------------------
+    def _stage(self, name: str, work: Callable[[], object]) -> bool:
+        """Run one stage; a failure is logged and counted, never raised: the other stages go on."""
+        try:
+            work()
+            return True
+        except Exception as exc:
+            self.failures[name] = self.failures.get(name, 0) + 1
+            self.log(f"autoscaler {name} failed: {type(exc).__name__}: {exc}")
             return False
+
+    def _tick(self) -> None:
         tick = getattr(self.provider, "tick", None)
         if tick is not None:
             tick()
-        snapshot = take_snapshot(self.cluster)
-        self.lifecycle.reconcile(snapshot.nodeclaims, snapshot.nodes)
-        # One fresh read serves the rest of the pass: termination removes the pods it evicts from it, new
-        # NodeClaims are protected from disruption by their nominations until the next read sees them.
-        snapshot = take_snapshot(self.cluster)
-        self.termination.reconcile({name_of(c): c for c in snapshot.nodeclaims}, snapshot.pods, snapshot.pdbs)
-        self.provisioner.reconcile(snapshot)
+
+    def _core(self) -> None:
+        """Lifecycle, then provisioning and disruption on a fresh read (lifecycle's writes are in it)."""
+        snapshot = self.state.snapshot()
+        self._stage("lifecycle", lambda: self.lifecycle.reconcile(snapshot.nodeclaims, snapshot.nodes))
+        snapshot = self.state.snapshot()
+        self._stage("provisioning", lambda: self.provisioner.reconcile(snapshot))
         if self.options.disruption:
-            self.disruption.reconcile(snapshot)
+            self._stage("disruption", lambda: self.disruption.reconcile(snapshot))
+        self._last = snapshot
+
+    def _terminate(self, snapshot: Snapshot | None = None) -> None:
+        self.termination.reconcile(snapshot or self.state.snapshot())
+
+    def _leading(self) -> bool:
+        if self.elector is None:
+            return True
+        if self.elector.try_acquire(self.clock.now()):
+            return True
+        self.provisioner.batcher.reset()  # a window from an earlier term must not fire on takeover
+        return False
+
+    def step(self) -> bool:
+        """One pass through every stage; False, having done nothing, while another replica holds the Lease."""
+        if not self._leading():
+            return False
+        self._stage("provider", self._tick)
+        for task in self.upkeep:
+            self._stage(task.name, lambda task=task: task.run(self))  # type: ignore[misc]
+        self._last = None
+        self._core()
+        # the pass's read serves termination too, unless this pass asked for deletions it does not show yet
+        last = None if self.state.deleting else self._last
+        self._stage("termination", lambda: self._terminate(last))
         return True
 
+    def close(self) -> None:
+        """Stop the informers' watches (the command exits anyway; tests building many autoscalers call it)."""
+        self.cluster.stop()
+
+    # -- the command's loop ---------------------------------------------------------------------------------------
     async def run(self, interval: float = 1.0, stop: asyncio.Event | None = None) -> None:
-        """Step every `interval` seconds until `stop` is set; a failing pass is logged, the loop goes on."""
+        """Every `interval` seconds while leader, each stage group in its own worker, until `stop` is set."""
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            try:
-                await loop.run_in_executor(None, self.step)
-            except Exception as exc:  # one bad pass must not stop the controller
-                self.log(f"autoscaler pass failed: {type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+        groups: list[tuple[str, Callable[[], object]]] = [
+            ("provider", self._tick), ("core", self._core), ("termination", self._terminate),
+            *((task.name, lambda task=task: task.run(self)) for task in self.upkeep)]  # type: ignore[misc]
+        leading = asyncio.Event()
+
+        async def elect() -> None:
+            while not stop.is_set():
+                try:
+                    is_leader = await loop.run_in_executor(None, self._leading)
+                except Exception as exc:
+                    self.log(f"autoscaler leader election failed: {type(exc).__name__}: {exc}")
+                    is_leader = False
+                (leading.set if is_leader else leading.clear)()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=interval)
+
+        async def group(name: str, work: Callable[[], object], pool: ThreadPoolExecutor) -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                if leading.is_set():
+                    await loop.run_in_executor(pool, self._stage, name, work)
+                wait = max(0.0, interval - (time.monotonic() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=wait or 0.01)
+
+        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="autoscaler") as pool:
+            await asyncio.gather(elect(), *(group(name, work, pool) for name, work in groups))

@@ -9,6 +9,7 @@ untainted) if that takes longer than `replacement_timeout`.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,10 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, parse_duration, template_hash
-from kubegpu.autoscaler.provisioner import Snapshot
-from kubegpu.autoscaler.requirements import Requirements
-from kubegpu.autoscaler.scheduler import ClaimPlan, SchedulingResult
-from kubegpu.autoscaler.state import (
+from kubegpu.autoscaler.cluster_state import Snapshot
+from kubegpu.autoscaler.objects import (
     condition,
     created_at,
     do_not_disrupt,
@@ -29,6 +28,8 @@ from kubegpu.autoscaler.state import (
     name_of,
     parse_timestamp,
 )
+from kubegpu.autoscaler.requirements import Requirements
+from kubegpu.autoscaler.scheduler import ClaimPlan, SchedulingResult
 from kubegpu.autoscaler.termination import eviction_blocker, taint_node
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ MAX_MULTI_CANDIDATES = 100
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 DISRUPT_RUNNING_JOBS_ANNOTATION = "kubegpu.io/disrupt-running-jobs"
 EMPTY, UNDERUTILIZED, DRIFTED = "Empty", "Underutilized", "Drifted"
+DISRUPTION_ANNOTATION = "kubegpu.io/disruption"
 
 
 @dataclass
@@ -77,6 +79,40 @@ class Command:
         types = ", ".join(p.instance_type for p in self.replacements)
         price = sum(p.price for p in self.replacements)
         return f"replace {names} with {types} at {price:.4f}/h ({self.reason})"
+
+
+@dataclass
+class InFlight:
+    """A replacement under way, as read back from the API: the candidates' `kubegpu.io/disruption` annotation
+    names the replacement NodeClaims, so a replica that becomes leader finishes (or rolls back) what another began."""
+
+    reason: str
+    claims: list[dict[str, Any]]
+    replacement_names: list[str]
+    launched_at: float
+
+    def describe(self) -> str:
+        names = ", ".join(name_of(c) for c in self.claims)
+        return f"replace {names} with {', '.join(self.replacement_names)} ({self.reason})"
+
+
+def in_flight_commands(nodeclaims: Sequence[dict[str, Any]]) -> list[InFlight]:
+    """The replacements under way, grouped by the annotation the candidates share."""
+    groups: dict[str, InFlight] = {}
+    for claim in nodeclaims:
+        meta = claim.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(DISRUPTION_ANNOTATION)
+        if not raw or meta.get("deletionTimestamp"):
+            continue
+        try:
+            data = json.loads(raw)
+            entry = groups.get(raw) or InFlight(str(data["reason"]), [], [str(n) for n in data["replacements"]],
+                                                float(data["launchedAt"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours to read: left alone
+        groups[raw] = entry
+        entry.claims.append(claim)
+    return list(groups.values())
 
 
 
@@ -121,7 +157,7 @@ class Disruption:
         self.replacement_timeout = replacement_timeout
         self.log = log or (lambda _line: None)
         self.pending: Command | None = None
-        self.in_flight: list[Command] = []
+        self.in_flight: list[InFlight] = []   # read back from the API every pass (see `InFlight`)
         self._pod_signature: dict[str, tuple[str, float]] = {}
         self.executed: list[Command] = []
         self.metrics: AutoscalerMetrics | None = None
@@ -230,8 +266,9 @@ class Disruption:
         return self.provider.is_drifted(claim)
 
     def _in_command(self, name: str) -> bool:
-        commands = [*self.in_flight, *([self.pending] if self.pending else [])]
-        return any(c.name == name for cmd in commands for c in cmd.candidates)
+        if any(name_of(c) == name for cmd in self.in_flight for c in cmd.claims):
+            return True
+        return self.pending is not None and any(c.name == name for c in self.pending.candidates)
 
     def _lifetime_remaining(self, claim: dict[str, Any], pool: NodePool) -> float:
         expire = parse_duration(pool.spec.template.spec.expireAfter)
@@ -396,20 +433,31 @@ class Disruption:
         command.replacement_names = [name_of(self.provisioner.create_claim(plan, pools[plan.nodepool]))
                                      for plan in command.replacements]
         command.launched_at = self.clock.now()
-        self.in_flight.append(command)
+        note = json.dumps({"reason": command.reason, "replacements": command.replacement_names,
+                           "launchedAt": command.launched_at}, sort_keys=True)
+        for cand in command.candidates:   # the command lives in the API from here on
+            self.cluster.patch("NodeClaim", cand.name, {"metadata": {"annotations": {DISRUPTION_ANNOTATION: note}}})
+        self.in_flight.append(InFlight(command.reason, [c.claim for c in command.candidates],
+                                       command.replacement_names, command.launched_at))
 
     def _progress_replacements(self, snapshot: Snapshot, now: float) -> None:
         claims = {name_of(c): c for c in snapshot.nodeclaims}
+        self.in_flight = in_flight_commands(snapshot.nodeclaims)
         for command in list(self.in_flight):
             replacements = [claims.get(n) for n in command.replacement_names]
             if all(r is not None and is_true(r, "Initialized") for r in replacements):
-                for cand in command.candidates:
-                    self.termination.start(cand.claim, command.reason.lower())
+                for claim in command.claims:
+                    self.termination.start(claim, command.reason.lower())
                 self.in_flight.remove(command)
-            elif now >= command.launched_at + self.replacement_timeout or any(r is None for r in replacements):
+            elif now >= command.launched_at + self.replacement_timeout or any(
+                    r is None or self.termination.is_terminating(r) for r in replacements):
                 self.log(f"disruption: rolling back {command.describe()}: replacement not initialized")
-                for cand in command.candidates:
-                    taint_node(self.cluster, name_of(cand.node), False)
+                for claim in command.claims:
+                    node_name = (claim.get("status") or {}).get("nodeName")
+                    if node_name:
+                        taint_node(self.cluster, node_name, False)
+                    self.cluster.patch("NodeClaim", name_of(claim),
+                                       {"metadata": {"annotations": {DISRUPTION_ANNOTATION: None}}})
                 for r in replacements:
                     if r is not None:
                         self.termination.start(r, "rollback")

@@ -12,18 +12,19 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import parse_duration
-from kubegpu.autoscaler.provider import InsufficientCapacityError, NodeClaimNotFoundError
-from kubegpu.autoscaler.state import condition, created_at, is_true, name_of, same_taint, with_condition
+from kubegpu.autoscaler.objects import condition, created_at, is_true, name_of, same_taint, with_condition
+from kubegpu.autoscaler.provider import InsufficientCapacityError
 from kubegpu.errors import KubegpuError
 from kubegpu.scheduling import parse_quantity
 
 if TYPE_CHECKING:
+    from kubegpu.autoscaler.cluster_state import ClusterState
     from kubegpu.autoscaler.provider import CloudProvider
     from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
@@ -62,24 +63,60 @@ def initialization_blocker(claim: dict[str, Any], node: dict[str, Any]) -> str |
 
 class Lifecycle:
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock,
-                 terminate: Callable[[dict[str, Any], str], None], log: Callable[[str], None] | None = None) -> None:
+                 terminate: Callable[[dict[str, Any], str], None], log: Callable[[str], None] | None = None,
+                 state: ClusterState | None = None, parallelism: int = 1) -> None:
         self.cluster = cluster
+        self.state = state
+        self.parallelism = max(1, parallelism)
         self.provider = provider
         self.clock = clock
         self.terminate = terminate
         self.log = log or (lambda _line: None)
         self.metrics: AutoscalerMetrics | None = None
         self._unhealthy_since: dict[str, float] = {}
+        self._by_provider: dict[str, dict[str, Any]] = {}
 
     def reconcile(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> None:
-        for claim in claims:
-            if (claim.get("metadata") or {}).get("deletionTimestamp"):
-                continue
+        """Walk each live NodeClaim one step; launches and registrations run up to `parallelism` at a time, and a
+        claim whose step fails is logged and tried again next pass without holding up the others."""
+        live = [c for c in claims if not (c.get("metadata") or {}).get("deletionTimestamp")]
+        self._by_provider = {pid: n for n in nodes.values() if (pid := (n.get("spec") or {}).get("providerID"))}
+
+        def step(claim: dict[str, Any]) -> None:
+            name = name_of(claim)
+            if self.state is not None and not self.state.begin_launch(name):
+                return  # another stage or pass still has this claim's launch under way
             try:
                 self._step(claim, nodes)
             except KubegpuError as exc:
-                self.log(f"nodeclaim {name_of(claim)}: {exc}")
-        self.repair(claims, nodes)
+                self.log(f"nodeclaim {name}: {exc}")
+            finally:
+                if self.state is not None:
+                    self.state.end_launch(name)
+
+        busy = [c for c in live if not is_true(c, "Initialized") or L.TERMINATION_FINALIZER not in
+                ((c.get("metadata") or {}).get("finalizers") or [])]
+        if self.parallelism > 1 and len(busy) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(busy))) as pool:
+                list(pool.map(step, busy))
+        else:
+            for claim in busy:
+                step(claim)
+        stepped = {id(c) for c in busy}
+        for claim in live:   # expiry for the settled ones (the busy ones were checked by their step)
+            if id(claim) not in stepped:
+                try:
+                    self._expire(claim)
+                except KubegpuError as exc:
+                    self.log(f"nodeclaim {name_of(claim)}: {exc}")
+        self.repair(live, nodes)
+
+    def _expire(self, claim: dict[str, Any]) -> bool:
+        expire = parse_duration((claim.get("spec") or {}).get("expireAfter") or "720h")
+        if expire is not None and self.clock.now() - created_at(claim) >= expire:
+            self.terminate(claim, "expired")
+            return True
+        return False
 
     def repair(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> list[str]:
         """Karpenter's node repair for GPUs: a node whose `AcceleratedHardwareReady` condition is False (critical
@@ -126,17 +163,22 @@ class Lifecycle:
         self._patch_status(claim, {"conditions": conditions})
 
     def _step(self, claim: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> None:
-        now = self.clock.now()
-        age = now - created_at(claim)
-        expire = parse_duration((claim.get("spec") or {}).get("expireAfter") or "720h")
-        if expire is not None and age >= expire:
-            self.terminate(claim, "expired")
+        age = self.clock.now() - created_at(claim)
+        if self._expire(claim):
             return
+        finalizers = (claim.get("metadata") or {}).get("finalizers") or []
+        if L.TERMINATION_FINALIZER not in finalizers:   # a claim made by hand or by an older release
+            self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {
+                "finalizers": sorted({*finalizers, L.TERMINATION_FINALIZER})}})
         if not is_true(claim, "Launched"):
             self._launch(claim, age)
             return
         node_name = (claim.get("status") or {}).get("nodeName") or ""
         node = nodes.get(node_name)
+        provider_id = (claim.get("status") or {}).get("providerID")
+        if node is None and provider_id:   # a cloud instance's Node is named by its kubelet: find it by providerID
+            node = self._by_provider.get(provider_id)
+            node_name = name_of(node) if node is not None else ""
         if not is_true(claim, "Registered"):
             if node is None:
                 if age >= REGISTRATION_TIMEOUT:
@@ -164,7 +206,7 @@ class Lifecycle:
             launched = self.provider.create(claim)
         except InsufficientCapacityError as exc:
             self.log(str(exc))
-            self.cluster.delete("NodeClaim", name_of(claim))
+            self.terminate(claim, "insufficient_capacity")
             return
         except KubegpuError as exc:
             self._set(claim, "Launched", "False", "LaunchFailed", str(exc))
@@ -191,10 +233,9 @@ class Lifecycle:
                                                     "spec": {"taints": taints}})
         node.setdefault("spec", {})["taints"] = taints
         node["metadata"]["labels"] = labels
+        if (claim.get("status") or {}).get("nodeName") != name_of(node):
+            self._patch_status(claim, {"nodeName": name_of(node)})
         self._set(claim, "Registered", "True", "Registered")
         if self.metrics is not None:
             self.metrics.nodes_created.labels(labels.get(L.NODEPOOL_LABEL, ""), labels.get(L.ZONE_LABEL, "")).inc()
 
-    def delete_instance(self, claim: dict[str, Any]) -> None:
-        with contextlib.suppress(NodeClaimNotFoundError):
-            self.provider.delete(claim)

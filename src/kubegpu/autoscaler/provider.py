@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
+from kubegpu.autoscaler.objects import has_taint
 from kubegpu.autoscaler.requirements import Requirements
-from kubegpu.autoscaler.state import has_taint
 from kubegpu.clock import Clock
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.scheduling.quantity import format_quantity

@@ -7,27 +7,25 @@ A NodePool that fails validation is reported once and skipped; the others keep s
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
-from kubegpu.autoscaler.api import NodePool, parse_nodepool, template_hash
+from kubegpu.autoscaler.api import NodePool, template_hash
+from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed, take_snapshot
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
-from kubegpu.autoscaler.requirements import Requirement, Requirements
-from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
-from kubegpu.autoscaler.state import (
+from kubegpu.autoscaler.objects import (
     CREATED_AT_ANNOTATION,
     is_provisionable,
     is_true,
     name_of,
-    pods_by_node,
 )
+from kubegpu.autoscaler.requirements import Requirement, Requirements
+from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
 from kubegpu.errors import KubegpuError
-from kubegpu.kube import NotFound
 from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
 from kubegpu.scheduling.quantity import format_quantity
@@ -39,53 +37,8 @@ if TYPE_CHECKING:
     from kubegpu.metrics import AutoscalerMetrics
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class Snapshot:
-    """What one pass reads from the cluster."""
-
-    pools: list[NodePool]
-    pool_errors: dict[str, str]
-    nodeclaims: list[dict[str, Any]]
-    nodes: dict[str, dict[str, Any]]
-    pods: list[dict[str, Any]]
-    daemonsets: list[dict[str, Any]]
-    pdbs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def pods_on(self) -> dict[str, list[dict[str, Any]]]:
-        return pods_by_node(self.pods)
-
-
-def _list(cluster: Cluster, kind: str) -> list[dict[str, Any]]:
-    """A kind the API server does not serve (no PDBs, CRDs not installed yet) reads as empty; any other failure
-    (403 from missing RBAC, a broken connection) is raised, so a pass never acts on a silently partial view."""
-    try:
-        return cluster.list(kind)
-    except NotFound:
-        return []
-
-
-def take_snapshot(cluster: Cluster) -> Snapshot:
-    pools: list[NodePool] = []
-    errors: dict[str, str] = {}
-    for raw in _list(cluster, "NodePool"):
-        if (raw.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        try:
-            pools.append(parse_nodepool(raw))
-        except KubegpuError as exc:
-            errors[name_of(raw)] = str(exc)
-    return Snapshot(
-        pools=pools,
-        pool_errors=errors,
-        nodeclaims=_list(cluster, "NodeClaim"),
-        nodes={name_of(n): n for n in _list(cluster, "Node")},
-        pods=_list(cluster, "Pod"),
-        daemonsets=_list(cluster, "DaemonSet"),
-        pdbs=_list(cluster, "PodDisruptionBudget"),
-    )
+__all__ = ["Provisioner", "Snapshot", "existing_infos", "nodeclaim_object", "plan_summary", "run_pass",
+           "take_snapshot"]
 
 
 def claim_capacity(claim: Mapping[str, Any]) -> dict[str, float]:
@@ -157,7 +110,11 @@ def existing_infos(snapshot: Snapshot, exclude_nodes: set[str] = frozenset(),  #
 
 
 def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float) -> dict[str, Any]:
-    """The NodeClaim for a plan: the pool's template plus the narrowed requirements and the summed requests."""
+    """The NodeClaim for a plan: the pool's template plus the narrowed requirements and the summed requests.
+
+    A `name` ending in "-" is a `generateName`: the API server appends a suffix that cannot clash (Karpenter's
+    way; a name made here from a hash collides sooner or later on large bursts, issue 26). The
+    `kubegpu.io/termination` finalizer is there from the start, so whoever deletes the claim, termination runs."""
     tmpl = pool.spec.template
     reqs = Requirements([r for r in plan.requirements if r.key != L.NODEPOOL_LABEL])
     reqs = reqs.merge(Requirements([Requirement(L.INSTANCE_TYPE_LABEL, False, frozenset(plan.instance_type_options))]))
@@ -165,7 +122,8 @@ def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float) -> 
         "apiVersion": L.API_VERSION,
         "kind": "NodeClaim",
         "metadata": {
-            "name": name,
+            **({"generateName": name} if name.endswith("-") else {"name": name}),
+            "finalizers": [L.TERMINATION_FINALIZER],
             "labels": {**tmpl.metadata.labels, L.NODEPOOL_LABEL: pool.name},
             "annotations": {**tmpl.metadata.annotations, CREATED_AT_ANNOTATION: repr(now),
                             L.NODEPOOL_HASH_ANNOTATION: template_hash(pool)},
@@ -249,32 +207,40 @@ class Provisioner:
     """Watches for pending pods, batches them, and creates NodeClaims for what existing capacity cannot take."""
 
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, batch_idle: float = 1.0,
-                 batch_max: float = 10.0, log: Log | None = None) -> None:
-        self.cluster = cluster
+                 batch_max: float = 10.0, log: Log | None = None, state: ClusterState | None = None,
+                 parallelism: int = 1) -> None:
+        self.state = state or ClusterState(informed(cluster), clock, 2 * batch_max)
+        self.cluster = self.state.cluster
         self.provider = provider
+        self.parallelism = max(1, parallelism)
         self.clock = clock
         self.batcher = Batcher(window=batch_max, idle=batch_idle)
         self.log = log or (lambda _line: None)
         self.capacity = CapacityModel()
         self._reported: dict[str, str] = {}
         self._pool_errors: dict[str, str] = {}
-        self._counter = 0
         self.last_result: SchedulingResult | None = None
-        self.nominated: dict[str, float] = {}   # node or NodeClaim name → when pending pods were last nominated to it
-        self.nominations: dict[str, set[str]] = {}   # node or NodeClaim name → keys of the pods nominated to it
-        self.nomination_window = 2 * batch_max
         self.metrics: AutoscalerMetrics | None = None
+
+    @property
+    def nominations(self) -> Mapping[str, set[str]]:
+        """Node or NodeClaim name → keys of the pods the last pass nominated to it (kept in the cluster state)."""
+        return self.state.nominations_view()
 
     def is_nominated(self, *names: str) -> bool:
         """Whether pending pods were recently nominated to this node/NodeClaim (then it must not be disrupted)."""
-        now = self.clock.now()
-        return any(now - self.nominated.get(name, -1e18) < self.nomination_window for name in names)
+        return self.state.is_nominated(*names)
+
+    def pending_pods(self, snapshot: Snapshot) -> list[dict[str, Any]]:
+        """The pods this pass provisions for: pending, unbound, not a daemonset pod, not deleting, and readable.
+        The one place that decides which pending pods the autoscaler serves."""
+        return [p for p in snapshot.pods if is_provisionable(p) and self._readable(p)]
 
     def reconcile(self, snapshot: Snapshot | None = None) -> SchedulingResult | None:
         now = self.clock.now()
-        snapshot = snapshot or take_snapshot(self.cluster)
+        snapshot = snapshot or self.state.snapshot()
         self._report_pool_errors(snapshot)
-        pending = [p for p in snapshot.pods if is_provisionable(p) and self._readable(p)]
+        pending = self.pending_pods(snapshot)
         self.batcher.add((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
         if not self.batcher.ready(now):
             return None
@@ -286,11 +252,9 @@ class Provisioner:
         if self.metrics is not None:
             self.metrics.scheduling_duration.labels("provisioner").observe(time.perf_counter() - started)
             self.metrics.unschedulable_pods.labels("provisioner").set(len(result.unschedulable))
-        self.nominations = {}
+        self.state.reset_nominations()
         for node_name, pods in result.existing.items():
-            target = node_name.removeprefix("nodeclaim/")
-            self.nominated[target] = now
-            self.nominations[target] = {pod_key(p) for p in pods}
+            self.state.nominate(node_name.removeprefix("nodeclaim/"), (pod_key(p) for p in pods), now)
         self._create_claims(result, snapshot, now)
         self._report_unschedulable(result)
         self.last_result = result
@@ -307,35 +271,42 @@ class Provisioner:
                 pools.append(pool)
             except KubegpuError as exc:
                 self._pool_error(pool.name, str(exc))
-        nominated = self.nominations if count_nominated else None
+        nominated = self.state.nominations_view() if count_nominated else None
         return run_pass(pools, self.provider.instance_types, pending,
                         existing_infos(snapshot, exclude_nodes, nominated),
                         snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
                         not_ready=getattr(self.provider, "pool_not_ready", None))
 
-    def new_name(self, pool: str, seed: str) -> str:
-        self._counter += 1
-        digest = hashlib.sha1(f"{seed}/{self._counter}/{self.clock.now()}".encode()).hexdigest()[:5]
-        return f"{pool}-{digest}"
-
     def create_claim(self, plan: ClaimPlan, pool: NodePool) -> dict[str, Any]:
-        seed = ",".join(name_of(p) for p in plan.pods[:3])
-        claim = nodeclaim_object(plan, pool, self.new_name(pool.name, seed), self.clock.now())
+        """Create the NodeClaim (the API server names it from `generateName`) and nominate the plan's pods to it."""
+        claim = nodeclaim_object(plan, pool, f"{pool.name}-", self.clock.now())
         created = self.cluster.create(claim)
-        self.nominated[name_of(created)] = self.clock.now()
-        self.nominations[name_of(created)] = {pod_key(p) for p in plan.pods}
+        self.state.nominate(name_of(created), (pod_key(p) for p in plan.pods), self.clock.now())
         if self.metrics is not None:
             self.metrics.nodeclaims_created.labels("provisioned", pool.name, "false").inc()
             self.metrics.decisions.labels("launch").inc()
         for pod in plan.pods:
-            self._event(pod, "Nominated", f"Pod should schedule on: nodeclaim/{claim['metadata']['name']}",
-                        "Normal")
+            self._event(pod, "Nominated", f"Pod should schedule on: nodeclaim/{name_of(created)}", "Normal")
         return created
 
     def _create_claims(self, result: SchedulingResult, snapshot: Snapshot, now: float) -> None:
+        """Create every planned NodeClaim, up to `parallelism` at a time. Each creation stands alone: one that fails
+        is logged and its pods stay pending, so the next batch plans them again; the others go ahead."""
         pools = {p.name: p for p in snapshot.pools}
-        for plan in result.claims:
-            self.create_claim(plan, pools[plan.nodepool])
+
+        def create(plan: ClaimPlan) -> None:
+            try:
+                self.create_claim(plan, pools[plan.nodepool])
+            except KubegpuError as exc:
+                self.log(f"nodepool {plan.nodepool}: cannot create a NodeClaim ({plan.instance_type}) for "
+                         f"{len(plan.pods)} pods: {exc}; retried with the next batch")
+
+        if self.parallelism == 1 or len(result.claims) <= 1:
+            for plan in result.claims:
+                create(plan)
+            return
+        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(result.claims))) as pool_:
+            list(pool_.map(create, result.claims))
 
     def _readable(self, pod: dict[str, Any]) -> bool:
         """A pod whose spec the provisioner cannot read is reported once and left out; the rest are served."""

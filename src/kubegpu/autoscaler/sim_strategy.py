@@ -24,8 +24,8 @@ from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.gpu_capacity import sharing_capacity
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
+from kubegpu.autoscaler.objects import is_true, with_condition
 from kubegpu.autoscaler.provider import InstanceListing, NodeClaimNotFoundError, launch_choice, quantities
-from kubegpu.autoscaler.state import is_true, with_condition
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling import parse_quantity
 from kubegpu.sharing.capacity import sharing_of

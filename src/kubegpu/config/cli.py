@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         ),
         gpu_model: list[str] = typer.Option(
             [], "--gpu-model", metavar="KEY",
-            help="mig-parted files: check layouts against this GPU model (repeatable; catalog key, NVML product "
+            help="For mig-parted files: check layouts against this GPU model (repeatable; catalog key, NVML product "
                  "name or PCI id). Default: every MIG model in the catalog an entry's device-filter selects.",
         ),
     ) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from kubegpu.clock import MAX_DURATION_S, parse_go_duration
 from kubegpu.config import (
     ValidationOptions,
     format_location,
@@ -34,7 +35,6 @@ from kubegpu.config.deviceplugin_models import (
     DEFAULT_RESOURCE_DOMAIN,
     DEVICE_LIST_STRATEGIES,
     MAX_DEVICE_COUNT,
-    MAX_DURATION_S,
     MAX_MEMORY_GB,
     MAX_REPLICAS,
     MAX_RESOURCE_NAME_LENGTH,
@@ -56,7 +56,6 @@ from kubegpu.config.deviceplugin_models import (
     load_device_plugin_config,
     mps_max_replicas,
     parse_device_plugin_config,
-    parse_go_duration,
     qualify_resource_name,
 )
 from kubegpu.errors import ConfigError

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
+from kubegpu.clock import parse_go_duration
 from kubegpu.config import (
     StrictModel,
     describe_value,
@@ -32,13 +33,9 @@ MAX_REPLICAS = 1024
 checkpoints; real configs use 2-48. A 10^8 count would build 10^8 devices and OOM-kill every node agent."""
 MAX_DEVICE_COUNT = 64  # `devices: N` selects the first N GPUs of a node; no node holds more
 MAX_MEMORY_GB = 4096  # per-replica `memoryGB`; the largest GPU today holds under 300 GB
-MAX_DURATION_S = 2562047 * 3600.0  # Go's time.Duration limit (~292 years)
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_GO_DURATION = re.compile(r"^[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _MIG_INDEX = re.compile(r"^\d+:\d+$")
 _UUID_PREFIXES = ("GPU-", "MIG-")
 
@@ -73,18 +70,6 @@ def _non_empty(value: str) -> str:
 
 
 NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
-
-
-def parse_go_duration(text: str) -> float:
-    """Seconds in a Go duration string (`60s`, `1m30s`, `500ms`); ValueError when it is not one."""
-    if text == "0":
-        return 0.0
-    if not _GO_DURATION.match(text):
-        raise ValueError(f"must be a duration such as '60s' or '1m30s' (or 'infinite'), got {text!r}")
-    seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
-    if not seconds <= MAX_DURATION_S:  # also catches inf from a 400-digit number
-        raise ValueError(f"must be a duration of at most {MAX_DURATION_S / 3600:.0f}h (Go's limit), got {text[:40]!r}")
-    return -seconds if text.startswith("-") else seconds
 
 
 def mps_max_replicas(compute_capability: tuple[int, int]) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from kubegpu.cliopts import log_level_option
 from kubegpu.configmanager.select import DEFAULT_LABEL
 
 
@@ -18,20 +19,20 @@ def register(app: typer.Typer) -> None:
     @app.command("config-manager", help="Link the config this Node's label selects to a file an operand reads; "
                                         "keep following the label (NVIDIA config-manager).")
     def config_manager(
-        node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="this node's name"),
+        node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="This node's name."),
         node_label: str = typer.Option(DEFAULT_LABEL, "--node-label", envvar="NODE_LABEL",
-                                       help="the label whose value names a config"),
+                                       help="The label whose value names a config."),
         srcdir: Path = typer.Option(..., "--config-file-srcdir", envvar="CONFIG_FILE_SRCDIR",
-                                    help="directory of configs (a mounted ConfigMap: one file per key)"),
+                                    help="Directory of configs (a mounted ConfigMap: one file per key)."),
         dst: Path = typer.Option(..., "--config-file-dst", envvar="CONFIG_FILE_DST",
-                                 help="the path the operand reads; made a symlink to the selected config"),
+                                 help="The path the operand reads; made a symlink to the selected config."),
         default: str = typer.Option("", "--default-config", envvar="DEFAULT_CONFIG",
-                                    help="config used when the node has no label"),
+                                    help="Config used when the node has no label."),
         fallbacks: str = typer.Option("", "--fallback-strategies", envvar="FALLBACK_STRATEGIES",
-                                      help="without label and default: named,single,empty (in order)"),
+                                      help="Without label and default: named,single,empty (in order)."),
         oneshot: bool = typer.Option(False, "--oneshot/--no-oneshot", envvar="ONESHOT",
-                                     help="select once and exit (the init container)"),
-        log_level: str = typer.Option("info", "--log-level"),
+                                     help="Select once and exit (the init container)."),
+        log_level: str = log_level_option(),
     ) -> None:
         from kubegpu.configmanager.manager import ConfigManager, Settings
         from kubegpu.configmanager.select import parse_fallbacks

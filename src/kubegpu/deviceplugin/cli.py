@@ -16,11 +16,35 @@ from typing import Any
 
 import typer
 
+from kubegpu.cliopts import (
+    cdi_root_option,
+    checked_option,
+    choice_option,
+    duration_option,
+    legacy_alias,
+    log_level_option,
+    metrics_address_option,
+    oneshot_option,
+)
+from kubegpu.config.deviceplugin import DEVICE_LIST_STRATEGIES
 from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import KubegpuError
 from kubegpu.gpu.options import gpu_backend_option
 
 log = logging.getLogger("kubegpu.deviceplugin")
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+def _device_list_strategy(value: str) -> str:
+    for item in value.split(","):
+        if item.strip() not in DEVICE_LIST_STRATEGIES:
+            raise ValueError(f"{item.strip()!r} is not one of {', '.join(DEVICE_LIST_STRATEGIES)}")
+    return value
+
+
+_CONFIG = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1).")
+_MPS_ROOT = typer.Option(None, "--mps-root", help="Directory for the MPS daemons' pipe and log directories.")
+_LOG_LEVEL = log_level_option()
 
 
 def _flags(**given: Any) -> dict[str, object]:
@@ -136,32 +160,42 @@ def _control_devices(gpu_backend: str, dev_root: str) -> tuple[str, ...]:
 
 
 def register(app: typer.Typer) -> None:
+    legacy_alias("device-plugin", "--cdi-dir", "--cdi-root")
+
     @app.command("device-plugin")
     def device_plugin(
-        config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
+        config: Path | None = _CONFIG,
         gpu_backend: str = gpu_backend_option(),
         kubelet_socket: str | None = typer.Option(
-            None, "--kubelet-socket", help="kubelet registration socket ('' = do not register); env KUBELET_SOCKET"
+            None, "--kubelet-socket",
+            help="The kubelet's registration socket ('' = do not register); env KUBELET_SOCKET."
         ),
-        device_plugin_dir: Path | None = typer.Option(None, "--device-plugin-dir", help="where our sockets go"),
-        mig_strategy: str | None = typer.Option(None, "--mig-strategy", help="none | single | mixed"),
-        fail_on_init_error: bool | None = typer.Option(None, "--fail-on-init-error/--no-fail-on-init-error"),
-        pass_device_specs: bool | None = typer.Option(None, "--pass-device-specs/--no-pass-device-specs"),
-        device_list_strategy: str | None = typer.Option(
-            None, "--device-list-strategy", help="envvar | volume-mounts | cdi-annotations | cdi-cri (comma list)"
-        ),
-        device_id_strategy: str | None = typer.Option(None, "--device-id-strategy", help="uuid | index"),
-        mps_root: str | None = typer.Option(None, "--mps-root"),
-        relist_interval: float = typer.Option(2.0, "--relist-interval", min=0.05, help="seconds between re-lists"),
-        mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE"),
-        cdi_dir: Path = typer.Option(Path("/var/run/cdi"), "--cdi-dir", envvar="KUBEGPU_CDI_DIR"),
-        health_quiet_period: float = typer.Option(
-            300.0, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD", min=0.0,
-            help="seconds without a critical XID before an unhealthy GPU may recover",
-        ),
-        metrics_address: str | None = typer.Option(None, "--metrics-address", help="HOST:PORT for /metrics"),
-        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME"),
-        log_level: str = typer.Option("info", "--log-level"),
+        device_plugin_dir: Path | None = typer.Option(None, "--device-plugin-dir",
+                                                      help="Directory where our sockets go."),
+        mig_strategy: str | None = choice_option(None, MIG_STRATEGIES, "--mig-strategy",
+                                                 help="MIG strategy: none, single or mixed."),
+        fail_on_init_error: bool | None = typer.Option(None, "--fail-on-init-error/--no-fail-on-init-error",
+                                                       help="Exit when no GPU can be served at start."),
+        pass_device_specs: bool | None = typer.Option(None, "--pass-device-specs/--no-pass-device-specs",
+                                                      help="Pass the GPUs' device nodes in Allocate responses."),
+        device_list_strategy: str | None = checked_option(
+            None, "--device-list-strategy", check=_device_list_strategy,
+            help="Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri."),
+        device_id_strategy: str | None = choice_option(None, ("uuid", "index"), "--device-id-strategy",
+                                                       help="Device IDs: uuid or index."),
+        mps_root: str | None = _MPS_ROOT,
+        relist_interval: float = duration_option(2.0, "--relist-interval", minimum=0.05,
+                                                 help="Time between re-lists of the GPUs."),
+        mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
+                                                    help="MPS memory-slice file the partition agent writes."),
+        cdi_dir: Path = cdi_root_option(envvar="KUBEGPU_CDI_DIR",
+                                        help="Directory for CDI specs (written only with a cdi-* list strategy)."),
+        health_quiet_period: float = duration_option(
+            300.0, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD",
+            help="How long without a critical XID before an unhealthy GPU may recover."),
+        metrics_address: str | None = metrics_address_option(None),
+        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="This node's name."),
+        log_level: str = _LOG_LEVEL,
     ) -> None:
         """Serve GPUs to the kubelet (device-plugin API v1beta1), NVIDIA-compatible."""
         _setup_logging(log_level)
@@ -193,11 +227,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command("mps-control-daemon")
     def mps_control_daemon(
-        config: Path | None = typer.Option(None, "--config", "--config-file", help="NVIDIA device-plugin config (v1)"),
+        config: Path | None = _CONFIG,
         gpu_backend: str = gpu_backend_option(),
-        mps_root: str | None = typer.Option(None, "--mps-root"),
-        oneshot: bool = typer.Option(False, "--oneshot", help="configure, record and exit instead of waiting"),
-        log_level: str = typer.Option("info", "--log-level"),
+        mps_root: str | None = _MPS_ROOT,
+        oneshot: bool = oneshot_option("Configure, record and exit instead of waiting."),
+        log_level: str = _LOG_LEVEL,
     ) -> None:
         """Start and configure nvidia-cuda-mps-control per MPS resource (records the limits on a sim node); without
         --oneshot, follow the config file (a per-node config switch) until SIGTERM."""

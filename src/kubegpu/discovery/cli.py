@@ -11,6 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from kubegpu.cliopts import (
+    OptionError,
+    checked_option,
+    choice_option,
+    duration_option,
+    legacy_alias,
+    output_file_option,
+)
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.gpu.xid import DEFAULT_QUIET_PERIOD_S
@@ -18,6 +26,7 @@ from kubegpu.gpu.xid import DEFAULT_QUIET_PERIOD_S
 if TYPE_CHECKING:
     from kubegpu.config.deviceplugin import DevicePluginConfig
 
+MIG_STRATEGIES = ("none", "single", "mixed")
 DISCOVER_HELP = (
     "Label the node with every GPU feature discovery label (NVIDIA GFD names): to an NFD features.d file, "
     "or straight onto the Node with --kubernetes."
@@ -39,27 +48,40 @@ def sleep_interval_seconds(text: str) -> float | None:
     return seconds
 
 
+def _sleep_interval(text: str) -> str:
+    """The flag's own check (the config file's value is checked where the config is read)."""
+    try:
+        sleep_interval_seconds(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("flags.gfd.sleepInterval: ")) from None
+    return text
+
+
 def register(app: typer.Typer) -> None:
+    legacy_alias("discover", "-o", "--output-file")
+
     @app.command("discover", help=DISCOVER_HELP)
     def discover(
         gpu_backend: str = gpu_backend_option(),
         config_file: Path | None = typer.Option(None, "--config", "--config-file",
-                                                help="device plugin config (NVIDIA v1); env CONFIG_FILE"),
-        mig_strategy: str | None = typer.Option(None, "--mig-strategy", help="none|single|mixed; env MIG_STRATEGY"),
-        oneshot: bool | None = typer.Option(None, "--oneshot/--no-oneshot", help="label once and exit; GFD_ONESHOT"),
+                                                help="Device plugin config (NVIDIA v1); env CONFIG_FILE."),
+        mig_strategy: str | None = choice_option(None, MIG_STRATEGIES, "--mig-strategy",
+                                                 help="MIG strategy: none, single or mixed; env MIG_STRATEGY."),
+        oneshot: bool | None = typer.Option(None, "--oneshot/--no-oneshot", help="Label once and exit; GFD_ONESHOT."),
         no_timestamp: bool | None = typer.Option(None, "--no-timestamp/--timestamp",
-                                                 help="leave out nvidia.com/gfd.timestamp; GFD_NO_TIMESTAMP"),
-        sleep_interval: str | None = typer.Option(None, "--sleep-interval",
-                                                  help="time between passes (60s, infinite); GFD_SLEEP_INTERVAL"),
-        output_file: str | None = typer.Option(None, "--output-file", "-o",
-                                               help="NFD features file ('-': standard output); GFD_OUTPUT_FILE"),
+                                                 help="Leave out nvidia.com/gfd.timestamp; GFD_NO_TIMESTAMP."),
+        sleep_interval: str | None = checked_option(
+            None, "--sleep-interval", check=_sleep_interval, metavar="DURATION",
+            help="Time between passes: a Go duration (60s, 1m30s) or infinite; GFD_SLEEP_INTERVAL."),
+        output_file: str | None = output_file_option(
+            help="NFD features file ('-': standard output); GFD_OUTPUT_FILE."),
         machine_type_file: str | None = typer.Option(None, "--machine-type-file",
-                                                     help="DMI product name file; GFD_MACHINE_TYPE_FILE"),
-        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="this node's name"),
-        kubernetes: bool = typer.Option(False, "--kubernetes", help="patch the Node's labels instead of a file"),
-        health_quiet_period: float = typer.Option(
-            DEFAULT_QUIET_PERIOD_S, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD", min=0.0,
-            help="with --kubernetes: seconds without a critical XID before AcceleratedHardwareReady is True again"),
+                                                     help="DMI product name file; GFD_MACHINE_TYPE_FILE."),
+        node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="This node's name."),
+        kubernetes: bool = typer.Option(False, "--kubernetes", help="Patch the Node's labels instead of a file."),
+        health_quiet_period: float = duration_option(
+            DEFAULT_QUIET_PERIOD_S, "--health-quiet-period", envvar="KUBEGPU_HEALTH_QUIET_PERIOD",
+            help="With --kubernetes: how long without a critical XID before AcceleratedHardwareReady is True again."),
     ) -> None:
         from kubegpu.config.deviceplugin import effective_device_plugin_config
 
@@ -73,7 +95,7 @@ def register(app: typer.Typer) -> None:
         config = load_config()
         interval = sleep_interval_seconds(config.flags.gfd.sleep_interval)
         if kubernetes and not node_name:
-            raise KubegpuError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
+            raise OptionError("--kubernetes needs --node-name (or $NODE_NAME): the Node to label")
         watched = config_file or (Path(os.environ["CONFIG_FILE"]) if os.environ.get("CONFIG_FILE") else None)
         source = str(watched or "config")
         _run(gpu_backend, load_config, config, interval, node_name if kubernetes else None, source,

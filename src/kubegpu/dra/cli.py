@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
+from kubegpu.cliopts import cdi_root_option, choice_option, duration_option, emit, output_option
 from kubegpu.dra.classes import shipped_class_objects
 from kubegpu.dra.devices import DRIVER, gpu_offers, read_node
 from kubegpu.dra.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubegpu.dra.slices import build_slices
-from kubegpu.errors import ConfigError
 from kubegpu.files import parse_yaml_documents, read_text
 from kubegpu.gpu.backend import open_backend
 from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.scheduling.dra import allocate_in_order, flatten, parse_all
 
+LAYOUTS = ("split", "combined")
 dra_app = typer.Typer(help="Dynamic Resource Allocation: allocate claims offline, show a node's ResourceSlices.",
                       no_args_is_help=True)
 
@@ -27,18 +26,12 @@ def _objects(path: Path) -> list[Any]:
     return flatten(parse_yaml_documents(read_text(path), str(path)), str(path))
 
 
-def _output(value: str) -> str:
-    if value not in ("json", "yaml"):
-        raise typer.BadParameter(f"expected json or yaml, got {value!r}")
-    return value
-
-
 @dra_app.command("allocate")
 def allocate_command(
     slices: Path = typer.Option(..., "--slices", help="ResourceSlices: YAML/JSON documents or a `kind: List`."),
     claims: Path = typer.Option(..., "--claims", help="ResourceClaims, allocated in file order."),
     classes: Path | None = typer.Option(None, "--classes", help="DeviceClasses (default: the shipped ones)."),
-    output: str = typer.Option("json", "--output", "-o", callback=_output, help="json (or yaml)."),
+    output: str = output_option("json"),
 ) -> None:
     """Allocate claims as kube-scheduler would, each against what earlier claims took."""
     parsed_slices = parse_all(_objects(slices), "ResourceSlice", str(slices))
@@ -47,7 +40,7 @@ def allocate_command(
     parsed_claims = parse_all(_objects(claims), "ResourceClaim", str(claims))
     outcomes = allocate_in_order(parsed_slices, {c.name: c for c in parsed_classes}, parsed_claims)
     answer = {key: outcome.to_json() for key, outcome in outcomes.items()}
-    typer.echo(json.dumps(answer, indent=2) if output == "json" else yaml.safe_dump(answer, sort_keys=False))
+    emit(answer, output)
 
 
 @dra_app.command("slices")
@@ -56,22 +49,17 @@ def slices_command(
     node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="The node (and pool) name."),
     dynamic_mig: bool = typer.Option(False, "--dynamic-mig", help="Offer every MIG placement (partitionable)."),
     driver_name: str = typer.Option(DRIVER, "--driver-name", help="DRA driver name."),
-    layout: str = typer.Option("split", "--layout", help="Counter layout: split (1.35+) or combined (1.34)."),
-    output: str = typer.Option("yaml", "--output", "-o", callback=_output, help="yaml (multi-document) or json."),
+    layout: str = choice_option("split", LAYOUTS, "--layout", help="Counter layout: split (1.35+) or combined (1.34)."),
+    output: str = output_option("yaml", help="Output format: yaml (multi-document) | json."),
 ) -> None:
     """Print the ResourceSlices the DRA driver would publish for this node."""
-    if layout not in ("split", "combined"):
-        raise ConfigError(f"--layout: expected split or combined, got {layout!r}")
     backend = open_backend(gpu_backend)
     try:
         node = read_node(backend)
     finally:
         backend.close()
     objects = build_slices(node_name, gpu_offers(node, dynamic_mig), driver=driver_name, layout=layout)
-    if output == "json":
-        typer.echo(json.dumps(objects, indent=2))
-    else:
-        typer.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+    emit(objects, output, documents=True)
 
 
 def dra_driver_command(
@@ -87,12 +75,13 @@ def dra_driver_command(
     registry_dir: Path = typer.Option(Path(DEFAULT_REGISTRY_DIR), "--kubelet-registrar-dir",
                                       envvar="KUBELET_REGISTRAR_DIRECTORY_PATH",
                                       help="The kubelet's plugin-registration directory."),
-    cdi_root: Path = typer.Option(Path("/var/run/cdi"), "--cdi-root", envvar="CDI_ROOT",
-                                  help="Where claim CDI specs are written."),
+    cdi_root: Path = cdi_root_option(envvar="CDI_ROOT", help="Directory where claim CDI specs are written."),
     mps_root: str = typer.Option("/run/nvidia/mps", "--mps-root", envvar="MPS_ROOT",
                                  help="Where MPS-shared claims' daemon pipe and log directories live."),
-    layout: str = typer.Option("split", "--slice-layout", help="Counter layout: split (1.35+) or combined (1.34)."),
-    interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health checks / publications."),
+    layout: str = choice_option("split", LAYOUTS, "--slice-layout",
+                                help="Counter layout: split (1.35+) or combined (1.34)."),
+    interval: float = duration_option(5.0, "--health-interval", positive=True,
+                                      help="Time between health checks and publications."),
     publish: bool = typer.Option(True, "--publish/--no-publish", help="Publish ResourceSlices to the API server."),
 ) -> None:
     """The DRA kubelet plugin: ResourceSlices, NodePrepareResources/NodeUnprepareResources, CDI, dynamic MIG."""
@@ -109,10 +98,6 @@ def dra_driver_command(
     from kubegpu.sharing.mps_control import find_mps_control
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if layout not in ("split", "combined"):
-        raise ConfigError(f"--slice-layout: expected split or combined, got {layout!r}")
-    if interval <= 0:
-        raise ConfigError(f"--health-interval: must be positive, got {interval}")
     cluster = LightkubeCluster()
 
     def get_claim(namespace: str, name: str) -> dict[str, Any] | None:

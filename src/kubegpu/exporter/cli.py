@@ -12,6 +12,7 @@ from types import FrameType
 
 import typer
 
+from kubegpu.cliopts import checked_option, duration_option
 from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
 from kubegpu.exporter.counters import load_counters
@@ -23,15 +24,21 @@ from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET, PodResourc
 log = logging.getLogger("kubegpu.exporter")
 
 
+def _address(address: str) -> str:
+    parse_listen_address(address, "--address")
+    return address
+
+
 def exporter_command(
     gpu_backend: str = gpu_backend_option(),
-    address: str = typer.Option(":9400", "--address", "-a", envvar="DCGM_EXPORTER_LISTEN", help="HOST:PORT to serve."),
+    address: str = checked_option(":9400", "--address", "-a", check=_address, envvar="DCGM_EXPORTER_LISTEN",
+                                  metavar="HOST:PORT", help="HOST:PORT to serve."),
     collectors: Path | None = typer.Option(
         None, "--collectors", "-f", envvar="DCGM_EXPORTER_COLLECTORS", help="Counters CSV (default: built-in set)."
     ),
-    collect_interval: int = typer.Option(
-        30000, "--collect-interval", "-c", envvar="DCGM_EXPORTER_INTERVAL", help="Collection interval in ms."
-    ),
+    collect_interval: float = duration_option(
+        30000, "--collect-interval", "-c", unit="ms", positive=True, envvar="DCGM_EXPORTER_INTERVAL",
+        help="Collection interval."),
     kubernetes: bool = typer.Option(
         False, "--kubernetes", "-k", envvar="DCGM_EXPORTER_KUBERNETES", help="Attribute metrics to pods."
     ),
@@ -47,8 +54,6 @@ def exporter_command(
 ) -> None:
     """Serve DCGM-compatible GPU metrics, every pod on a shared GPU attributed."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if collect_interval <= 0:
-        raise ConfigError(f"--collect-interval: must be a positive number of milliseconds, got {collect_interval}")
     host, port = parse_listen_address(address, "--address")
     counters = load_counters(collectors)
     for warning in counters.warnings:

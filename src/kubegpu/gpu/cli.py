@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kubegpu.errors import ConfigError
+from kubegpu.cliopts import FORMATS, OptionError, emit, legacy_alias, output_file_option, output_option
 from kubegpu.gpu.catalog import CATALOG
 from kubegpu.gpu.simulated import SimulatedBackend, State
 
@@ -24,13 +24,13 @@ sim_node = typer.Typer(
 @sim_node.command("create")
 def create(
     gpus: str = typer.Option(..., "--gpus", help="GPUs as COUNTxMODEL[,COUNTxMODEL...], e.g. 8xA100-SXM4-80GB or "
-                             f"4xH100-SXM5-80GB,4xL4. Models: {', '.join(CATALOG)}"),
-    out: Path = typer.Option(..., "--out", help="Node file to write (replaced if it exists)."),
+                             f"4xH100-SXM5-80GB,4xL4. Models: {', '.join(CATALOG)}."),
+    out: Path = output_file_option(help="Node file to write (replaced if it exists).", required=True),
     node_name: str = typer.Option("sim-node", "--node-name", help="Node name; GPU UUIDs derive from it."),
 ) -> None:
     """Create a simulated node: MIG disabled on every GPU, idle, no events."""
     if len(node_name) > 253 or not _NODE_NAME.match(node_name):
-        raise ConfigError(f"--node-name {node_name!r}: must be a Kubernetes node name (lowercase letters, digits, "
+        raise OptionError(f"--node-name {node_name!r}: must be a Kubernetes node name (lowercase letters, digits, "
                           "'-' and '.', starting and ending with a letter or digit)")
     backend = SimulatedBackend.create(out, gpus=gpus, node_name=node_name)
     devices = backend.devices()
@@ -124,10 +124,14 @@ def reboot(node_file: Path = typer.Argument(..., help="Simulated node file.")) -
 
 
 @sim_node.command("show")
-def show(node_file: Path = typer.Argument(..., help="Simulated node file.")) -> None:
+def show(node_file: Path = typer.Argument(..., help="Simulated node file."),
+         output: str = output_option("table", FORMATS)) -> None:
     """Print the node: GPUs with their load, MIG devices with their placements, recent XID events."""
     backend = SimulatedBackend(node_file)
     state = backend.snapshot()
+    if output != "table":
+        emit(state, output)
+        return
     console = Console(width=200)
     console.print(f"node [bold]{state['node_name']}[/bold] · driver {state['driver_version']} · CUDA "
                   f"{'.'.join(map(str, state['cuda_driver_version']))} · {node_file}")
@@ -202,3 +206,4 @@ def _xid_table(state: State, last: int = 10) -> Table:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(sim_node, name="sim-node")
+    legacy_alias("sim-node create", "--out", "--output-file")

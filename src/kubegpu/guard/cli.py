@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kubegpu.cliopts import duration_option, legacy_alias, log_level_option, metrics_address_option, oneshot_option
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.guard.core import GuardAction, Policy
@@ -43,6 +44,8 @@ def parse_reserve(text: str) -> int:
 
 
 def register(app: typer.Typer) -> None:
+    legacy_alias("gpu-guard", "--once", "--oneshot")
+
     @app.command("gpu-guard")
     def gpu_guard(
         gpu_backend: str = gpu_backend_option(),
@@ -55,24 +58,25 @@ def register(app: typer.Typer) -> None:
         reserve: str = typer.Option("1Gi", "--reserve", envvar="KUBEGPU_GUARD_RESERVE",
                                     help="Free GPU memory to keep (a quantity such as 2Gi) before a pod over its "
                                          "share is acted on under --grace."),
-        interval: float = typer.Option(DEFAULT_INTERVAL_S, "--interval", min=0.01,
-                                       help="Seconds between samples of the GPUs' processes."),
+        interval: float = duration_option(DEFAULT_INTERVAL_S, "--interval", minimum=0.01,
+                                          help="Time between samples of the GPUs' processes."),
         node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME",
                                              help="This node (default: the simulated node's name, else the host "
                                                   "name)."),
         config: Path | None = typer.Option(None, "--config", "--config-file", envvar="CONFIG_FILE",
                                            help="The device plugin's NVIDIA config (v1), for exact shares (MPS "
                                                 "limits); without it shares come from the kubelet's device IDs."),
-        mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE"),
+        mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
+                                                    help="MPS memory-slice file the partition agent writes."),
         pod_resources_socket: Path = typer.Option(Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-socket",
                                                   "--pod-resources-kubelet-socket",
                                                   envvar="KUBEGPU_POD_RESOURCES_SOCKET",
                                                   help="The kubelet's PodResources socket."),
         proc_root: Path = typer.Option(Path("/proc"), "--proc-root", envvar="KUBEGPU_PROC_ROOT",
                                        help="The host's /proc (mounted into the DaemonSet's pod)."),
-        metrics_address: str | None = typer.Option(None, "--metrics-address", help="HOST:PORT for /metrics"),
-        once: bool = typer.Option(False, "--once", help="One round, print what was done, exit."),
-        log_level: str = typer.Option("info", "--log-level"),
+        metrics_address: str | None = metrics_address_option(None),
+        once: bool = oneshot_option("One round, print what was done, exit."),
+        log_level: str = log_level_option(),
     ) -> None:
         """Watch each shared GPU's processes and act on a pod using more than its GPU-memory share before the
         driver fails a neighbour's allocation."""

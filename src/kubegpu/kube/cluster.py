@@ -21,7 +21,7 @@ from kubegpu.kube.resources import resource_kind
 
 @dataclass
 class WatchEvent:
-    type: str  # "ADDED" | "MODIFIED" | "DELETED"
+    type: str  # "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK" (only when asked for)
     object: dict[str, Any]
 
 
@@ -71,7 +71,12 @@ class Cluster(Protocol):
         field_selector: str | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
-    ) -> Iterator[WatchEvent]: ...
+        bookmarks: bool = False,
+    ) -> Iterator[WatchEvent]:
+        """Changes after `resource_version`. `bookmarks`: also yield BOOKMARK events (an object carrying only a
+        newer metadata.resourceVersion) where the server sends them, so a watcher of a quiet kind can resume from a
+        version the server still remembers; a store without them sends none."""
+        ...
 
 
 PATCH_TYPES = ("merge", "json", "strategic")

@@ -16,6 +16,7 @@ Every call rides out API-server faults (429, 5xx, dropped connections) with capp
 from __future__ import annotations
 
 import builtins
+import json
 import math
 import os
 import time
@@ -190,15 +191,17 @@ class LightkubeCluster(Cluster):
         field_selector: str | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
+        bookmarks: bool = False,
     ) -> Iterator[WatchEvent]:
         spec, resource = _resource(kind)
         labels, fields = _selectors(kind, label_selector, field_selector)
         window = DRAIN_WINDOW_S if timeout == 0 else timeout
-        return self._stream(kind, spec, resource, namespace, labels, fields, resource_version, window)
+        return self._stream(kind, spec, resource, namespace, labels, fields, resource_version, window, bookmarks)
 
     def _stream(
         self, kind: str, spec: ResourceKind, resource: Any, namespace: str | None, labels: dict[str, Any] | None,
         fields: dict[str, Any] | None, resource_version: str | None, window: float | None,
+        bookmarks: bool = False,
     ) -> Iterator[WatchEvent]:
         deadline = None if window is None else time.monotonic() + window
         generic = self.client._client  # lightkube's GenericSyncClient: request building and decoding
@@ -208,6 +211,7 @@ class LightkubeCluster(Cluster):
                 "resourceVersion": resource_version,
                 "labelSelector": build_selector(labels) if labels else None,
                 "fieldSelector": build_selector(fields, for_fields=True) if fields else None,
+                "allowWatchBookmarks": "true" if bookmarks else None,
             },
         )
         driver = WatchDriver(request, generic._client.build_request)
@@ -224,6 +228,14 @@ class LightkubeCluster(Cluster):
                     _raise_for_status(response)
                     for line in response.iter_lines():
                         if not line.strip():
+                            continue
+                        if '"BOOKMARK"' in line[:40]:  # only a version: not decodable as the kind's model
+                            version = str(((json.loads(line).get("object") or {}).get("metadata") or {})
+                                          .get("resourceVersion") or "")
+                            if version:
+                                driver._version = version
+                                if bookmarks:
+                                    yield WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": version}})
                             continue
                         event_type, obj = driver.process_one_line(line)
                         yield WatchEvent(event_type, _as_dict(obj))

@@ -208,6 +208,7 @@ class MemoryCluster(Cluster):
         field_selector: str | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
+        bookmarks: bool = False,
     ) -> Iterator[WatchEvent]:
         """Changes after ``resource_version``; without one (or "0"), first an ADDED for every current object.
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 import yaml
 
+from kubegpu.cliopts import OptionError, legacy_alias, oneshot_option, output_file_option
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import parse_yaml_text, write_durable
 from kubegpu.gpu.options import gpu_backend_option
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from kubegpu.kube import Cluster
     from kubegpu.sharing.migapply import NodeState
 
-CONFIG_FILE_HELP = "mig-parted config (version v1); without it, the default config generated from this node's GPUs"
+CONFIG_FILE_HELP = "A mig-parted config (version v1); without it, the default config generated from this node's GPUs."
 
 parted_app = typer.Typer(
     name="mig-parted",
@@ -62,11 +63,11 @@ def apply_command(
     config_file: Path | None = typer.Option(None, "-f", "--config-file", envvar="MIG_PARTED_CONFIG_FILE",
                                             help=CONFIG_FILE_HELP),
     selected: str = typer.Option(..., "-c", "--selected-config", envvar="MIG_PARTED_SELECTED_CONFIG",
-                                 help="config name, e.g. all-balanced"),
+                                 help="Config name, e.g. all-balanced."),
     gpu_backend: str = gpu_backend_option(),
-    force: bool = typer.Option(False, "--force", help="destroy MIG devices even while processes use them"),
+    force: bool = typer.Option(False, "--force", help="Destroy MIG devices even while processes use them."),
     skip_reset: bool = typer.Option(False, "--skip-reset", envvar="MIG_PARTED_SKIP_RESET",
-                                    help="do not reset GPUs whose MIG mode change is pending"),
+                                    help="Do not reset GPUs whose MIG mode change is pending."),
 ) -> None:
     from kubegpu.sharing.migapply import assert_mismatches, execute, plan_apply, read_state
 
@@ -93,7 +94,8 @@ def apply_command(
 def assert_command(
     config_file: Path | None = typer.Option(None, "-f", "--config-file", envvar="MIG_PARTED_CONFIG_FILE",
                                             help=CONFIG_FILE_HELP),
-    selected: str = typer.Option(..., "-c", "--selected-config", envvar="MIG_PARTED_SELECTED_CONFIG"),
+    selected: str = typer.Option(..., "-c", "--selected-config", envvar="MIG_PARTED_SELECTED_CONFIG",
+                                 help="Config name to check, e.g. all-balanced."),
     gpu_backend: str = gpu_backend_option(),
 ) -> None:
     from kubegpu.sharing.migapply import assert_mismatches, read_state
@@ -113,8 +115,8 @@ def assert_command(
 @parted_app.command("export", help="Print the current MIG layout as a mig-parted config.")
 def export_command(
     gpu_backend: str = gpu_backend_option(),
-    config_name: str = typer.Option("current", "--config-name", help="name of the exported config"),
-    output: Path | None = typer.Option(None, "-o", "--output", help="write to this file instead of stdout"),
+    config_name: str = typer.Option("current", "--config-name", help="Name of the exported config."),
+    output: Path | None = output_file_option(help="Write to this file instead of standard output."),
 ) -> None:
     from kubegpu.sharing.migapply import export_config, read_state
 
@@ -129,7 +131,7 @@ def export_command(
 @parted_app.command("generate-config", help="Print mig-parted's default config names for this node's GPUs.")
 def generate_config_command(
     gpu_backend: str = gpu_backend_option(),
-    output: Path | None = typer.Option(None, "-o", "--output", help="write to this file instead of stdout"),
+    output: Path | None = output_file_option(help="Write to this file instead of standard output."),
 ) -> None:
     from kubegpu.sharing.migapply import read_state
 
@@ -177,21 +179,24 @@ def config_map_loader(cluster: Cluster, reference: str) -> MigPartedConfig:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(parted_app, name="mig-parted")
+    for command in ("mig-parted export", "mig-parted generate-config"):
+        legacy_alias(command, "-o", "--output-file")
+        legacy_alias(command, "--output", "--output-file")
 
     @app.command("mig-manager", help="Node agent: apply the layout named by this Node's nvidia.com/mig.config label.")
     def mig_manager(
-        node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="this node's name"),
+        node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="This node's name."),
         gpu_backend: str = gpu_backend_option(),
         config_file: Path | None = typer.Option(None, "--config-file", envvar="CONFIG_FILE", help=CONFIG_FILE_HELP),
-        config_map: str | None = typer.Option(None, "--config-map", help="read the config from ConfigMap NS/NAME"),
+        config_map: str | None = typer.Option(None, "--config-map", help="Read the config from ConfigMap NS/NAME."),
         with_reboot: bool = typer.Option(False, "--with-reboot", envvar="WITH_REBOOT",
-                                         help="reboot the node when a MIG mode change needs a GPU reset"),
+                                         help="Reboot the node when a MIG mode change needs a GPU reset."),
         gpu_clients_namespace: str | None = typer.Option(
             None, "--gpu-clients-namespace", envvar="DEFAULT_GPU_CLIENTS_NAMESPACE",
-            help="namespace of the paused operands' pods, to wait for them to stop"),
+            help="Namespace of the paused operands' pods, to wait for them to stop."),
         host_root: str = typer.Option("/host", "--host-root", envvar="HOST_ROOT_MOUNT",
-                                      help="host root for the reboot (chroot HOST_ROOT reboot)"),
-        oneshot: bool = typer.Option(False, "--oneshot", help="reconcile once and exit"),
+                                      help="Host root for the reboot (chroot HOST_ROOT reboot)."),
+        oneshot: bool = oneshot_option("Reconcile once and exit."),
     ) -> None:
         import signal
 
@@ -201,7 +206,7 @@ def register(app: typer.Typer) -> None:
         from kubegpu.sharing.migapply import read_state
 
         if config_file is not None and config_map is not None:
-            raise ConfigError("--config-file and --config-map are mutually exclusive")
+            raise OptionError("--config-file and --config-map: give one, not both")
         if config_map is not None:
             config_map_reference(config_map)
         backend = _open(gpu_backend)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from kubegpu.cliopts import (
+    duration_option,
+    emit,
+    legacy_alias,
+    metrics_address_option,
+    output_dir_option,
+    output_option,
+)
 from kubegpu.errors import ConfigError
 
 operator_app = typer.Typer(
@@ -38,9 +45,9 @@ def load_policy(path: Path) -> tuple[Any, list[str]]:
 
 @operator_app.command("render", help="Print every object the operator would apply (multi-document YAML, in order).")
 def render_command(
-    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (kubegpu.io/v1 or nvidia.com/v1)"),
-    out_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="write one file per object here"),
-    namespace: str = typer.Option("kubegpu", "--namespace", "-n", help="namespace of the operands"),
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (kubegpu.io/v1 or nvidia.com/v1)."),
+    out_dir: Path | None = output_dir_option(help="Write one file per object to this directory."),
+    namespace: str = typer.Option("kubegpu", "--namespace", "-n", help="Namespace of the operands."),
 ) -> None:
     from kubegpu.files import write_durable
     from kubegpu.operator.render import file_name, render, to_yaml
@@ -60,7 +67,7 @@ def render_command(
 
 @operator_app.command("convert", help="Print a GPU Operator (nvidia.com/v1) ClusterPolicy as ours (kubegpu.io/v1).")
 def convert_command(
-    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (nvidia.com/v1 or kubegpu.io/v1)"),
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML (nvidia.com/v1 or kubegpu.io/v1)."),
 ) -> None:
     import yaml
 
@@ -75,25 +82,23 @@ def convert_command(
 
 @operator_app.command("node-labels", help="Print the node labels the operator would set or remove, per Node.")
 def node_labels_command(
-    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML"),
-    nodes_file: Path = typer.Option(..., "--nodes", help="Nodes: a YAML list or a kind: List"),
-    output: str = typer.Option("json", "--output", "-o", help="json"),
+    policy_file: Path = typer.Option(..., "--policy", help="ClusterPolicy YAML."),
+    nodes_file: Path = typer.Option(..., "--nodes", help="Nodes: a YAML list or a kind: List."),
+    output: str = output_option("json"),
 ) -> None:
     from kubegpu.files import load_yaml_file
     from kubegpu.operator.nodelabels import nodes_from, plan_labels
 
-    if output != "json":
-        raise typer.BadParameter(f"unsupported output {output!r} (want json)", param_hint="--output")
     policy, notes = load_policy(policy_file)
     for note in notes:
         typer.echo(f"warning: {note}", err=True)
     nodes = nodes_from(load_yaml_file(nodes_file), str(nodes_file))
     plan = plan_labels(policy, nodes)
-    typer.echo(json.dumps({name: change.as_json() for name, change in plan.items()}, indent=2, sort_keys=True))
+    emit({name: plan[name].as_json() for name in sorted(plan)}, output)
 
 
 @operator_app.command("crds", help="Print (or write) the CRDs the project defines, as the operator applies them.")
-def crds_command(out_dir: Path | None = typer.Option(None, "--output-dir", "-o")) -> None:
+def crds_command(out_dir: Path | None = output_dir_option(help="Write one file per CRD to this directory.")) -> None:
     from kubegpu.operator.crds import all_crds, write_all
 
     if out_dir is None:
@@ -109,8 +114,8 @@ def crds_command(out_dir: Path | None = typer.Option(None, "--output-dir", "-o")
                                          "operands to stop, and take the stack's labels off every Node.")
 def cleanup_command(
     namespace: str = typer.Option("kubegpu", "--namespace", "-n", envvar="POD_NAMESPACE",
-                                  help="namespace of the operands"),
-    timeout: float = typer.Option(120.0, "--timeout", min=0.0, help="seconds to wait for the operands to stop"),
+                                  help="Namespace of the operands."),
+    timeout: float = duration_option(120.0, "--timeout", help="How long to wait for the operands to stop."),
 ) -> None:
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
     from kubegpu.operator.uninstall import cleanup
@@ -126,10 +131,11 @@ def cleanup_command(
 def run_command(
     ctx: typer.Context,
     namespace: str = typer.Option("kubegpu", "--namespace", "-n", envvar="POD_NAMESPACE",
-                                  help="namespace of the operands and of the leader lease"),
-    skip_crds: bool = typer.Option(False, "--skip-crds", help="do not server-side apply our CRDs at start"),
-    crds_dir: Path | None = typer.Option(None, "--crds-dir", help="CRD YAML to apply at start besides ours"),
-    metrics_address: str = typer.Option(":8080", "--metrics-address", help="HOST:PORT for /metrics ('' for none)"),
+                                  help="Namespace of the operands and of the leader Lease."),
+    skip_crds: bool = typer.Option(False, "--skip-crds", help="Do not server-side apply our CRDs at start."),
+    crds_dir: Path | None = typer.Option(None, "--crds-dir",
+                                         help="Directory of CRD YAML to apply at start besides ours."),
+    metrics_address: str = metrics_address_option(":8080"),
 ) -> None:
     """Run the ClusterPolicy controller (kopf, standalone, with leader election)."""
     if ctx.invoked_subcommand is not None:
@@ -162,4 +168,6 @@ def register(app: typer.Typer) -> None:
     from kubegpu.config import register_validator
 
     app.add_typer(operator_app, name="operator")
+    for command in ("operator render", "operator crds"):
+        legacy_alias(command, "-o", "--output-dir")
     register_validator("ClusterPolicy", _looks_like_policy, _validate_policy)

@@ -109,7 +109,7 @@ OPERANDS: tuple[Operand, ...] = (
     Operand("device-plugin", "devicePlugin", "state-device-plugin", command=("kubegpu", "device-plugin"),
             args=("--gpu-backend=nvml", "--kubelet-socket=/var/lib/kubelet/device-plugins/kubelet.sock",
                   "--device-plugin-dir=/var/lib/kubelet/device-plugins",
-                  "--mps-slices-file=/var/lib/kubegpu/mps-slices.json", "--cdi-dir=/var/run/cdi",
+                  "--mps-slices-file=/var/lib/kubegpu/mps-slices.json", "--cdi-root=/var/run/cdi",
                   "--metrics-address=:8081"),
             waits_for="toolkit-ready", cluster_rules=(_NODE_WATCH,), app="nvidia-device-plugin-daemonset",
             per_node_config=True,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubegpu.errors import KubegpuError
 from kubegpu.metrics import OperatorMetrics
@@ -23,6 +23,9 @@ from kubegpu.operator import reconcile as R
 from kubegpu.operator.metrics import observe_pass
 from kubegpu.operator.policy import GROUP, PLURAL, VERSION
 from kubegpu.operator.render import MANAGER
+
+if TYPE_CHECKING:
+    from kubegpu.kube import Cluster
 
 log = logging.getLogger("kubegpu.operator")
 LEASE_NAME = "kubegpu-operator"
@@ -48,11 +51,12 @@ class LightkubeOperatorApi:
              ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"),
              ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"), ("v1", "ConfigMap"))
 
-    def __init__(self, client: Any = None) -> None:
+    def __init__(self, client: Any = None, informer: Cluster | None = None) -> None:
         import lightkube
 
         _register_generic_resources()
         self.client = client or lightkube.Client(field_manager=MANAGER)
+        self.informer = informer  # Nodes and Pods from watches (`kubegpu.kube.informer`): a pass lists nothing
 
     @staticmethod
     def _kind(api_version: str, kind: str) -> Any:
@@ -124,6 +128,8 @@ class LightkubeOperatorApi:
     def list_nodes(self) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Node
 
+        if self.informer is not None:
+            return self.informer.list("Node")
         return [self._dict(n) for n in self.client.list(Node)]
 
     def patch_node(self, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
@@ -148,6 +154,10 @@ class LightkubeOperatorApi:
                   labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Pod
 
+        if self.informer is not None:
+            selector_text = ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or None
+            return [p for p in self.informer.list("Pod", namespace, selector_text)
+                    if not node or (p.get("spec") or {}).get("nodeName") == node]
         fields: dict[str, Any] | None = {"spec.nodeName": node} if node else None
         selector: dict[str, Any] | None = dict(labels) if labels else None
         return [self._dict(p) for p in self.client.list(Pod, namespace=namespace or "*", labels=selector,
@@ -305,7 +315,10 @@ def run(namespace: str, apply_crds_at_start: bool = True, crds_dir: Path | None 
         logging.getLogger(noisy).setLevel(logging.WARNING)  # one line per request otherwise
     stop, lost = threading.Event(), threading.Event()
     _hold_lease(namespace, lost, stop)
-    api = LightkubeOperatorApi()
+    from kubegpu.kube.informer import InformedCluster
+    from kubegpu.kube.lightkube_cluster import LightkubeCluster
+
+    api = LightkubeOperatorApi(informer=InformedCluster(LightkubeCluster(), ("Node", "Pod")))
     if apply_crds_at_start:
         log.info("applied CRDs: %s", ", ".join(apply_crds(api, crds_dir)))
     metrics = None

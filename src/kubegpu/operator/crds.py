@@ -12,7 +12,7 @@ from kubegpu.operator.policy import clusterpolicy_crd
 
 REPO_CRDS = Path(__file__).resolve().parents[3] / "deploy" / "crds"
 IMAGE_CRDS = Path("/opt/kubegpu/crds")
-HEADER = "Generated from kubegpu.operator.policy by `kubegpu operator crds -o deploy/crds`; do not edit."
+HEADER = "Generated from kubegpu.operator.policy by `kubegpu operator crds --output-dir deploy/crds`; do not edit."
 
 
 def generated_crds() -> list[dict[str, Any]]:

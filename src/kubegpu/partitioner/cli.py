@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from pathlib import Path
@@ -11,34 +10,45 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kubegpu.cliopts import (
+    FORMATS,
+    choice_option,
+    duration_option,
+    emit,
+    legacy_alias,
+    metrics_address_option,
+    oneshot_option,
+    output_option,
+)
 from kubegpu.clock import RealClock
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.errors import KubegpuError
 from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.partitioner.planner import (
     DEFAULT_PLANNER,
     DEFAULT_TIME_LIMIT_S,
+    PLANNERS,
     NodeInput,
     Plan,
     check_planner,
     plan,
 )
-from kubegpu.partitioner.state import load_state, optimality_line, plan_to_json, planner_inputs
+from kubegpu.partitioner.snapshot import load_state, optimality_line, plan_to_json, planner_inputs
 from kubegpu.sharing.attribution import DEFAULT_POD_RESOURCES_SOCKET
 from kubegpu.shutdown import stop_on_signals
 
 log = logging.getLogger("kubegpu.partitioner")
+_PLANNER = choice_option(DEFAULT_PLANNER, PLANNERS, "--planner",
+                         help="Planner: exact (HiGHS, proven optimal) or greedy.")
 
 
 def plan_command(
     state: Path = typer.Option(..., "--state", help="Cluster state file (YAML or JSON): nodes and pending pods."),
-    output: str = typer.Option("table", "--output", "-o", help="json or table"),
-    planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
-    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
-                                     help="Wall-clock budget for the whole plan (s); then the best plan found."),
+    output: str = output_option("table", FORMATS),
+    planner: str = _PLANNER,
+    time_limit: float = duration_option(DEFAULT_TIME_LIMIT_S, "--time-limit", positive=True,
+                                        help="Wall-clock budget for the whole plan; then the best plan found."),
 ) -> None:
     """Plan MIG/MPS layouts for a cluster state offline: which pods a re-cut would make schedulable."""
-    if output not in ("json", "table"):
-        raise ConfigError(f"--output: must be json or table, not {output!r}")
     check_planner(planner, time_limit, "--planner", "--time-limit")
     nodes, pods = planner_inputs(load_state(state), str(state))
     result = plan(nodes, pods, planner=planner, time_limit=time_limit)
@@ -46,10 +56,7 @@ def plan_command(
         for gpu in result.nodes[node.name].gpus:
             if gpu.error:
                 typer.echo(f"warning: {state}: node {node.name} GPU {gpu.index}: {gpu.error}; left as it is", err=True)
-    if output == "json":
-        typer.echo(json.dumps(plan_to_json(result, nodes, pods), indent=2))
-    else:
-        _print_table(result, nodes)
+    emit(plan_to_json(result, nodes, pods), output, table=lambda: _print_table(result, nodes))
 
 
 def _print_table(result: Plan, nodes: list[NodeInput]) -> None:
@@ -76,39 +83,41 @@ def _print_table(result: Plan, nodes: list[NodeInput]) -> None:
 
 
 def partitioner_command(
-    batch_window_timeout: float = typer.Option(60.0, "--batch-window-timeout",
-                                               help="Seconds from a batch's first pod."),
-    batch_window_idle: float = typer.Option(10.0, "--batch-window-idle", help="Seconds without a new pod."),
-    interval: float = typer.Option(5.0, "--interval", help="Seconds between reconcile passes."),
+    batch_window_timeout: float = duration_option(60.0, "--batch-max-duration",
+                                                  help="Longest a batch of pending pods stays open, from its first pod"
+                                                       " (0: plan on the first pass)."),
+    batch_window_idle: float = duration_option(10.0, "--batch-idle-duration",
+                                               help="A batch closes this long after its last new pod."),
+    interval: float = duration_option(5.0, "--interval", positive=True, help="Time between reconcile passes."),
     identity: str = typer.Option("", "--identity", help="Leader-election identity (default: host name)."),
-    lease_namespace: str = typer.Option("kube-system", "--lease-namespace"),
-    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Seconds a leader holds the Lease."),
-    once: bool = typer.Option(False, "--once", help="Run one reconcile pass and exit."),
-    metrics_address: str = typer.Option("", "--metrics-address", help="HOST:PORT to serve kubegpu_partitioner_* on."),
-    planner: str = typer.Option(DEFAULT_PLANNER, "--planner", help="exact (HiGHS, proven optimal) or greedy."),
-    time_limit: float = typer.Option(DEFAULT_TIME_LIMIT_S, "--time-limit",
-                                     help="Wall-clock budget for each plan (s)."),
+    lease_namespace: str = typer.Option("kube-system", "--lease-namespace", help="Namespace of the leader Lease."),
+    lease_duration: float = duration_option(15.0, "--lease-duration", positive=True,
+                                            help="How long a leader holds the Lease."),
+    once: bool = oneshot_option("Run one reconcile pass and exit."),
+    metrics_address: str = metrics_address_option("", "HOST:PORT to serve kubegpu_partitioner_* on (empty: off)."),
+    planner: str = _PLANNER,
+    time_limit: float = duration_option(DEFAULT_TIME_LIMIT_S, "--time-limit", positive=True,
+                                        help="Wall-clock budget for each plan."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
+    from kubegpu.kube.informer import InformedCluster, quiet_http_logs
     from kubegpu.kube.leader import LeaderElector
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
     from kubegpu.metrics import PartitionerMetrics, serve_metrics
     from kubegpu.partitioner.controller import LEASE_NAME, PartitionerController
 
-    if min(batch_window_timeout, batch_window_idle) < 0:
-        raise ConfigError("--batch-window-timeout, --batch-window-idle: must be >= 0 (0 plans on the first pass)")
-    if interval <= 0 or lease_duration <= 0:
-        raise ConfigError("--interval, --lease-duration: must be > 0")
     check_planner(planner, time_limit, "--planner", "--time-limit")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cluster = LightkubeCluster()
+    quiet_http_logs()
+    api = LightkubeCluster()
+    cluster = InformedCluster(api, ("Node", "Pod"))  # listed once, then watched: a pass reads memory
     me = identity or socket.gethostname()
     metrics = PartitionerMetrics.create() if metrics_address else None
     if metrics_address:
         serve_metrics(metrics_address)
     controller = PartitionerController(
         cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
-        elector=LeaderElector(cluster, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),
+        elector=LeaderElector(api, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),
         metrics=metrics, planner=planner, time_limit=time_limit,
     )
     clock = RealClock()
@@ -134,8 +143,8 @@ def partition_agent_command(
         Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-kubelet-socket",
         help="The kubelet's PodResources socket: instances allocated to containers count as in use. "
              "When the socket does not exist, only instances with processes count."),
-    interval: float = typer.Option(10.0, "--interval", help="Seconds between apply/report passes."),
-    once: bool = typer.Option(False, "--once", help="Run one pass and exit."),
+    interval: float = duration_option(10.0, "--interval", positive=True, help="Time between apply/report passes."),
+    once: bool = oneshot_option(),
 ) -> None:
     """Apply the partitioner's desired MIG/MPS layout on this node and report its status."""
     from kubegpu.gpu.backend import open_backend
@@ -143,8 +152,6 @@ def partition_agent_command(
     from kubegpu.partitioner.agent import PartitionAgent
     from kubegpu.sharing.attribution import PodResourcesClient
 
-    if interval <= 0:
-        raise ConfigError(f"--interval: must be > 0, got {interval}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backend = open_backend(gpu_backend)
     try:
@@ -173,3 +180,7 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan_command)
     app.command("partitioner")(partitioner_command)
     app.command("partition-agent")(partition_agent_command)
+    legacy_alias("partitioner", "--batch-window-timeout", "--batch-max-duration")
+    legacy_alias("partitioner", "--batch-window-idle", "--batch-idle-duration")
+    for command in ("partitioner", "partition-agent"):
+        legacy_alias(command, "--once", "--oneshot")

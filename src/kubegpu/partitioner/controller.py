@@ -34,7 +34,7 @@ from kubegpu.partitioner.planner import (
     Planner,
     is_partition_resource,
 )
-from kubegpu.partitioner.state import optimality_line
+from kubegpu.partitioner.snapshot import optimality_line
 from kubegpu.scheduling import is_finished, is_scheduling_gated, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")

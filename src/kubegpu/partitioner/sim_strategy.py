@@ -7,7 +7,7 @@ is renewed); what it plays itself is the partition agent on every opted-in node 
 as the node joins): before each pass it reports every node's instances or slices, marked used when a running pod
 holds them (the engine's real allocations, `NodeView.held_mig` and `held_mps`), in the agent's status annotations;
 after the pass it applies each new desired layout the controller wrote, through `SimControl`, and reports the plan
-handled once the change is in place. The controller lists through `kubegpu.sim.informer.InformedCluster`, an
+handled once the change is in place. The controller lists through `kubegpu.kube.informer.InformedCluster`, an
 informer-style cache, so a pass copies no objects.
 
 The delay is ours, not the GPU Operator's: the partition agent creates instances at exact placements and the device
@@ -34,6 +34,7 @@ from kubegpu.gpu.backend import GpuDevice
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance
 from kubegpu.kube.errors import NotFound
+from kubegpu.kube.informer import InformedCluster
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.kube.memory import MemoryCluster
 from kubegpu.partitioner import annotations as ann
@@ -41,7 +42,6 @@ from kubegpu.partitioner.controller import LEASE_NAME, PartitionerController
 from kubegpu.partitioner.planner import Mode
 from kubegpu.sharing.names import mig_resource_name, mps_slice_resource_name, strip_replica
 from kubegpu.sim.engine import InstanceInUseError
-from kubegpu.sim.informer import InformedCluster
 from kubegpu.sim.scenario import NodeGroup
 from kubegpu.sim.strategies import (
     BaseStrategy,
@@ -102,7 +102,7 @@ class _Dynamic(BaseStrategy):
     def on_start(self, sim: SimControl) -> None:
         cluster = sim.cluster
         if isinstance(cluster, MemoryCluster):  # list without copying, as an informer's cache would
-            cluster = InformedCluster(cluster, ("Node", "Pod"))
+            cluster = InformedCluster(cluster, ("Node", "Pod"), copy=False)
         self.controller = PartitionerController(cluster, identity=SIM_IDENTITY, elector=SoleReplica(cluster),
                                                 **self.options)
 

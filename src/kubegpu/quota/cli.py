@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from kubegpu.cliopts import FORMATS, duration_option, emit, legacy_alias, output_option
 from kubegpu.errors import ConfigError
 from kubegpu.files import load_yaml_file
 from kubegpu.sharing.charges import DEFAULT_MODEL, ChargeTable, PodCharge, pod_charge, quantity_of_bytes
@@ -62,24 +62,19 @@ def explain_command(
     file: Path = typer.Option(..., "--file", "-f", help="The pod (YAML or JSON; or a workload with a pod template)."),
     config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config (version: v1): the "
                                        "replicas of time-slicing / MPS resources, as the nodes have them."),
-    output: str = typer.Option("table", "--output", "-o", help="json or table"),
+    output: str = output_option("table", FORMATS),
     default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
                                       help="GPU model charged for nvidia.com/gpu when the pod selects none."),
 ) -> None:
     """The kubegpu.io/gpu-memory a pod is charged, line by line."""
-    if output not in ("json", "table"):
-        raise ConfigError(f"--output: must be json or table, not {output!r}")
     table = _table(config, default_model)
     charge = pod_charge(_pod_of(load_yaml_file(file), str(file)), table)
-    if output == "json":
-        typer.echo(json.dumps(charge.as_json(), indent=2))
-    else:
-        _print_table(charge)
+    emit(charge.as_json(), output, table=lambda: _print_table(charge))
 
 
 @quota_app.command("manifests")
 def manifests_command(
-    output_dir: Path = typer.Option(..., "--output-dir", "-o", help="Directory for the plain manifests."),
+    output_dir: Path = typer.Option(..., "--output-dir", metavar="DIR", help="Directory for the plain manifests."),
     config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config the table's replicas "
                                        "come from (default: nvidia.com/gpu.shared with 4 replicas)."),
     default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
@@ -97,8 +92,9 @@ def controller_command(
     leader_elect: bool = typer.Option(True, "--leader-elect/--no-leader-elect",
                                       help="Act only while holding the kubegpu-quota Lease."),
     namespace: str = typer.Option("kubegpu", "--namespace", help="Namespace of the leader Lease."),
-    interval: float = typer.Option(2.0, "--interval", help="Seconds between passes."),
-    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Leader Lease duration (s)."),
+    interval: float = duration_option(2.0, "--interval", positive=True, help="Time between passes."),
+    lease_duration: float = duration_option(15.0, "--lease-duration", positive=True,
+                                            help="How long a leader holds the Lease."),
 ) -> None:
     """Run the elastic-quota controller: lift kubegpu.io/quota gates, reclaim borrowed pods, report used."""
     import logging
@@ -121,3 +117,4 @@ def controller_command(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(quota_app, name="quota")
+    legacy_alias("quota manifests", "-o", "--output-dir")

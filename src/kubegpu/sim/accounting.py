@@ -20,7 +20,10 @@ from kubegpu.sharing.devices import (
 )
 from kubegpu.sim.guard import GUARD_LEAD_S, over_share, refresh_shares
 from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
-from kubegpu.sim.state import (
+from kubegpu.sim.strategies import GpuRequest
+from kubegpu.sim.teams import capacity_bytes
+from kubegpu.sim.workload import Job
+from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
     _GUARD,
@@ -35,9 +38,6 @@ from kubegpu.sim.state import (
     _partition_key,
     _unique,
 )
-from kubegpu.sim.strategies import GpuRequest
-from kubegpu.sim.teams import capacity_bytes
-from kubegpu.sim.workload import Job
 
 
 class Accounting(SimCore):

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from kubegpu.cliopts import OptionError, duration_option, legacy_alias
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import write_durable
 from kubegpu.sim.report import LEGEND, headline, results_tables, write_html
@@ -23,8 +24,6 @@ def _scenario(path: Path | None, seed: int | None, duration_hours: float | None)
     if seed is not None:
         changes["seed"] = seed
     if duration_hours is not None:
-        if duration_hours <= 0:
-            raise ConfigError(f"--duration: must be a positive number of hours, got {duration_hours}")
         changes["duration"] = duration_hours * 3600.0
     return scenario.model_copy(update=changes) if changes else scenario
 
@@ -34,7 +33,7 @@ def _strategies(text: str | None) -> list[str] | None:
         return None
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
-        raise ConfigError("--strategies: give at least one strategy, e.g. exclusive,time-slicing:4")
+        raise OptionError("--strategies: give at least one strategy, e.g. exclusive,time-slicing:4")
     return names
 
 
@@ -45,13 +44,16 @@ def simulate(
         help="Comma-separated: exclusive, time-slicing:N, mps:N, static-mig:CONFIG\\[@GROUP], and plug-ins.",
     ),
     seed: int | None = typer.Option(None, "--seed", help="Random seed for the workload (overrides the scenario)."),
-    duration: float | None = typer.Option(None, "--duration", help="Simulated hours (overrides the scenario)."),
-    report: Path | None = typer.Option(None, "--report", help="Write a self-contained HTML report here."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write every number (and time series) as JSON here."),
+    duration: float | None = duration_option(None, "--duration", unit="h", positive=True,
+                                             help="Simulated time (overrides the scenario)."),
+    report: Path | None = typer.Option(None, "--report-file", metavar="PATH",
+                                       help="Write a self-contained HTML report to this file."),
+    json_path: Path | None = typer.Option(None, "--json-file", metavar="PATH",
+                                          help="Write every number (and time series) as JSON to this file."),
 ) -> None:
     """Simulate a day of GPU work under each sharing strategy and compare utilisation, waiting and cost."""
     console = Console()
-    for flag, path in (("--json", json_path), ("--report", report)):
+    for flag, path in (("--json-file", json_path), ("--report-file", report)):
         if path is not None and not path.resolve().parent.is_dir():
             raise KubegpuError(f"{flag} {path}: cannot write: directory {path.parent} does not exist")
     scenario = _scenario(scenario_file, seed, duration)
@@ -59,7 +61,12 @@ def simulate(
     if override is None and scenario_file is not None:
         check_strategies(scenario, scenario.strategies, str(scenario_file))  # name the file's bad entry
     names = strategy_names(scenario, override)
-    check_strategies(scenario, names)  # a bad strategy is one error line before any progress bar is drawn
+    try:
+        check_strategies(scenario, names)  # a bad strategy is one error line before any progress bar is drawn
+    except ConfigError as exc:
+        if override is None:
+            raise
+        raise OptionError(f"--strategies: {exc}") from None
     with Progress(
         TextColumn("[bold]{task.description:<28}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
         console=console, transient=False,
@@ -97,6 +104,8 @@ def _write(path: Path, text: str) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
+    legacy_alias("simulate", "--report", "--report-file")
+    legacy_alias("simulate", "--json", "--json-file")
     try:
         from kubegpu.sim.validate import register_scenario_validator
     except ImportError:  # pragma: no cover - the config registry is optional

@@ -25,7 +25,8 @@ from kubegpu.sharing.devices import (
 )
 from kubegpu.sim import hardware
 from kubegpu.sim.scenario import NodeGroup
-from kubegpu.sim.state import (
+from kubegpu.sim.strategies import NodeView
+from kubegpu.sim.world import (
     _MPS_SLICE,
     _NODE,
     NODE_GROUP_LABEL,
@@ -39,7 +40,6 @@ from kubegpu.sim.state import (
     _partition,
     _partition_key,
 )
-from kubegpu.sim.strategies import NodeView
 
 
 class ClusterEffects(SimCore):

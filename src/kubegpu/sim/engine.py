@@ -6,7 +6,7 @@ kube-scheduler does: highest priority first, FIFO within a priority, each pod to
 `kubegpu.scheduling.fits` (least- or most-allocated).
 
 This module is the event loop and the clock; `Simulation` gets the rest from its parts: effects.py (nodes, their
-devices and the MIG/MPS changes controllers make), accounting.py (pods: queue, binding, speed, work) and state.py
+devices and the MIG/MPS changes controllers make), accounting.py (pods: queue, binding, speed, work) and world.py
 (the data they share). `InstanceInUseError`, `Attempt`, `SimNode` and `Partition` are importable from here.
 """
 
@@ -26,7 +26,10 @@ from kubegpu.sim.effects import ClusterEffects
 from kubegpu.sim.metrics import Collector, StrategyResult
 from kubegpu.sim.perf import DEFAULT_PARAMS, PerfParams
 from kubegpu.sim.scenario import Scenario
-from kubegpu.sim.state import (
+from kubegpu.sim.strategies import GpuRequest, Strategy
+from kubegpu.sim.teams import TeamAccount
+from kubegpu.sim.workload import Job
+from kubegpu.sim.world import (
     _ARRIVAL,
     _FINISH,
     _GUARD,
@@ -41,9 +44,6 @@ from kubegpu.sim.state import (
     Partition,
     SimNode,
 )
-from kubegpu.sim.strategies import GpuRequest, Strategy
-from kubegpu.sim.teams import TeamAccount
-from kubegpu.sim.workload import Job
 
 __all__ = ["MIG_RECONFIGURE_DELAY_S", "NODE_PROVISION_DELAY_S", "Attempt", "InstanceInUseError", "Partition",
            "SimNode", "Simulation"]

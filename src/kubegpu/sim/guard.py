@@ -26,7 +26,7 @@ from kubegpu.sim.strategies import Strategy, register_modifier
 
 if TYPE_CHECKING:
     from kubegpu.sharing.devices import AnnotatedDevice
-    from kubegpu.sim.state import Attempt, Partition
+    from kubegpu.sim.world import Attempt, Partition
 
 GUARD_LEAD_S = 1.0
 """How long before the driver would fail an allocation the guard has evicted the pod over its share."""

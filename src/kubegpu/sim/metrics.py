@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubegpu.sim.scenario import NodeGroup, Scenario
-    from kubegpu.sim.state import Attempt
     from kubegpu.sim.workload import Job
+    from kubegpu.sim.world import Attempt
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -21,7 +21,7 @@ from kubegpu.sharing.names import GPU_SHARED_RESOURCE
 
 if TYPE_CHECKING:
     from kubegpu.sim.scenario import TeamSpec
-    from kubegpu.sim.state import Attempt
+    from kubegpu.sim.world import Attempt
 
 
 @dataclass(frozen=True)

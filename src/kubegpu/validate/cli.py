@@ -12,19 +12,28 @@ from typing import Any
 
 import typer
 
+from kubegpu.cliopts import OptionError, checked_option, choice_option, duration_option, output_dir_option
 from kubegpu.errors import KubegpuError
+from kubegpu.gpu.options import gpu_backend_option
 
 validate_app = typer.Typer(
     help="Validate this node's GPU stack and write the barrier files the operands wait on (/run/nvidia/validations).",
     no_args_is_help=True,
 )
 
-_BACKEND = typer.Option("nvml", "--gpu-backend", envvar="KUBEGPU_GPU_BACKEND", help="'nvml' or 'sim:PATH'")
-_DIR = typer.Option(Path("/run/nvidia/validations"), "--output-dir", envvar="VALIDATIONS_DIR",
-                    help="where the barrier files go")
-_WAIT = typer.Option(False, "--wait/--no-wait", envvar="WITH_WAIT", help="retry until it passes (or --attempts)")
-_ATTEMPTS = typer.Option(60, "--attempts", min=1, help="tries with --wait")
-_INTERVAL = typer.Option(5.0, "--interval", min=0.0, help="seconds between tries")
+_BACKEND = gpu_backend_option()
+_DIR = output_dir_option(Path("/run/nvidia/validations"), envvar="VALIDATIONS_DIR",
+                         help="Directory where the barrier files go.")
+_WAIT = typer.Option(False, "--wait/--no-wait", envvar="WITH_WAIT", help="Retry until it passes (or --attempts).")
+_ATTEMPTS = typer.Option(60, "--attempts", min=1, help="Tries with --wait.")
+_INTERVAL = duration_option(5.0, "--interval", help="Time between tries.")
+
+
+def _address(address: str) -> str:
+    from kubegpu.endpoints import parse_listen_address
+
+    parse_listen_address(address, "--address")
+    return address
 
 
 def _run(component: str, check: Callable[[], Any], directory: Path, wait: bool, attempts: int,
@@ -88,17 +97,19 @@ def mig(gpu_backend: str = _BACKEND, output_dir: Path = _DIR, wait: bool = _WAIT
 
 @validate_app.command("plugin", help="The Node advertises nvidia.com/gpu or nvidia.com/mig-*; writes plugin-ready.")
 def plugin(
-    gpu_backend: str = _BACKEND, output_dir: Path = _DIR, wait: bool = typer.Option(True, "--wait/--no-wait"),
-    attempts: int = typer.Option(30, "--attempts", min=1), interval: float = _INTERVAL,
-    node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="this node"),
-    node_file: Path | None = typer.Option(None, "--node-file", help="read the Node from a YAML/JSON file instead"),
-    mig_strategy: str = typer.Option("single", "--mig-strategy", envvar="MIG_STRATEGY"),
+    gpu_backend: str = _BACKEND, output_dir: Path = _DIR,
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Retry until it passes (or --attempts)."),
+    attempts: int = typer.Option(30, "--attempts", min=1, help="Tries with --wait."), interval: float = _INTERVAL,
+    node_name: str | None = typer.Option(None, "--node-name", envvar="NODE_NAME", help="This node's name."),
+    node_file: Path | None = typer.Option(None, "--node-file", help="Read the Node from a YAML/JSON file instead."),
+    mig_strategy: str = choice_option("single", ("none", "single", "mixed"), "--mig-strategy", envvar="MIG_STRATEGY",
+                                      help="MIG strategy the device plugin runs with: none, single or mixed."),
 ) -> None:
     from kubegpu.validate.checks import check_plugin
 
     del gpu_backend  # accepted for symmetry: the plugin check reads the Node, not the GPUs
     if node_file is None and not node_name:
-        raise KubegpuError("validate plugin needs --node-name (or $NODE_NAME) or --node-file")
+        raise OptionError("--node-name: validate plugin needs --node-name (or $NODE_NAME) or --node-file")
 
     def read_node() -> dict[str, Any]:
         if node_file is not None:
@@ -135,8 +146,9 @@ def hold(output_dir: Path = _DIR) -> None:
 @validate_app.command("metrics", help="Serve per-node readiness gauges read from the barrier files.")
 def metrics(
     output_dir: Path = _DIR,
-    address: str = typer.Option(":8000", "--address", help="HOST:PORT for /metrics"),
-    node_name: str = typer.Option("", "--node-name", envvar="NODE_NAME"),
+    address: str = checked_option(":8000", "--address", check=_address, metavar="HOST:PORT",
+                                  help="HOST:PORT to serve /metrics on."),
+    node_name: str = typer.Option("", "--node-name", envvar="NODE_NAME", help="This node's name (a metric label)."),
 ) -> None:
     from kubegpu.metrics import serve_metrics
     from kubegpu.validate.metrics import readiness_registry

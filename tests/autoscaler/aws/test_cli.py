@@ -96,7 +96,7 @@ def test_launch_needs_the_aws_provider(tmp_path: Path, account: Account) -> None
     args = write(tmp_path, account, [nodepool("gpu")], gpu_pods(1))
     args[1] = "kwok"
     code, out = invoke("provision", *args, "--launch")
-    assert code == 1 and "only with --provider aws" in out
+    assert code == 2 and "only with --provider aws" in out
 
 
 def test_missing_boto3_names_the_extra(tmp_path: Path, account: Account, monkeypatch: pytest.MonkeyPatch) -> None:

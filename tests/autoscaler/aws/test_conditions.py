@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from kubegpu.autoscaler.aws.conditions import compute, not_ready, terms_text
-from kubegpu.autoscaler.aws.controller import AwsAutoscaler
 from kubegpu.autoscaler.aws.nodeclass import EC2NodeClassStatus, SubnetStatus, parse_ec2nodeclass
 from kubegpu.autoscaler.aws.provider import AwsProvider, NodeClassNotReadyError
+from kubegpu.autoscaler.aws.upkeep import aws_autoscaler
 from kubegpu.autoscaler.controller import Options
 from kubegpu.autoscaler.provisioner import run_pass
 from kubegpu.clock import VirtualClock
@@ -166,7 +166,7 @@ def test_the_controller_writes_a_not_ready_status_and_launches_nothing(account: 
     cluster = MemoryCluster(clock)
     provider = AwsProvider(account.clients, "gpu-cluster", {}, clock, use_pricing_api=False, ssm_prefix=SSM_PREFIX,
                            k8s_version=K8S, type_patterns=("g5.xlarge",))
-    scaler = AwsAutoscaler(cluster, provider, clock, Options(validation_delay=0))
+    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
     cluster.create(nodeclass_manifest(subnetSelectorTerms=[{"tags": NOWHERE}]))
     pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
     pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from kubegpu.autoscaler import labels as L
-from kubegpu.autoscaler.aws.controller import AwsAutoscaler
 from kubegpu.autoscaler.aws.provider import AwsProvider
+from kubegpu.autoscaler.aws.upkeep import aws_autoscaler, garbage_collection
 from kubegpu.autoscaler.controller import Options
 from kubegpu.clock import VirtualClock
 from kubegpu.kube import MemoryCluster
@@ -26,7 +26,7 @@ def test_pending_gpu_pod_gets_an_instance_and_orphans_are_collected(account: Acc
     cluster = MemoryCluster(clock)
     provider = AwsProvider(account.clients, "gpu-cluster", {}, clock, type_patterns=PATTERNS, use_pricing_api=False,
                            ssm_prefix=SSM_PREFIX, k8s_version=K8S)
-    scaler = AwsAutoscaler(cluster, provider, clock, Options(validation_delay=0))
+    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
     cluster.create(nodeclass_manifest())
     pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
     pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
@@ -49,6 +49,7 @@ def test_pending_gpu_pod_gets_an_instance_and_orphans_are_collected(account: Acc
             {"Key": "karpenter.sh/nodepool", "Value": "gpu"}, {"Key": "karpenter.k8s.aws/ec2nodeclass", "Value": "gpu"},
             {"Key": "eks:eks-cluster-name", "Value": "gpu-cluster"}]}])["Instances"][0]["InstanceId"]
     clock.advance_to(time.time() + 60)
-    assert scaler.collect_garbage() == [orphan]
+    collector = garbage_collection(scaler)
+    assert collector is not None and collector.collect(scaler, force=True) == [orphan]
     assert [c["status"]["providerID"] for c in provider.list()] == [pid]
     assert instance != orphan

@@ -20,8 +20,7 @@ from kubegpu.clock import Clock
 from kubegpu.errors import ConfigError, KubegpuError
 
 if TYPE_CHECKING:
-    from kubegpu.autoscaler.aws.controller import AwsAutoscaler
-    from kubegpu.autoscaler.controller import Options
+    from kubegpu.autoscaler.controller import Autoscaler, Options
     from kubegpu.kube import Cluster
     from kubegpu.kube.leader import LeaderElector
 
@@ -93,10 +92,10 @@ def launch(provider: AwsProvider, result: SchedulingResult, pools: Sequence[Node
 def build_autoscaler(cluster: Cluster, clock: Clock, options: Options, elector: LeaderElector | None, *,
                      region: str | None, nodeclasses: Path | None, cluster_name: str,
                      interruption_queue: str | None, isolated_vpc: bool,
-                     log: Callable[[str], None] | None = None) -> AwsAutoscaler:
+                     log: Callable[[str], None] | None = None) -> Autoscaler:
     """`kubegpu autoscaler --provider aws`: classes from --nodeclasses, else from the cluster's EC2NodeClasses."""
-    from kubegpu.autoscaler.aws.controller import AwsAutoscaler
+    from kubegpu.autoscaler.aws.upkeep import aws_autoscaler
 
     provider = build_provider(region, nodeclasses, cluster_name, clock, log, isolated_vpc, required=False)
-    return AwsAutoscaler(cluster, provider, clock, options, log, elector, interruption_queue=interruption_queue,
-                         nodeclasses_from_cluster=nodeclasses is None)
+    return aws_autoscaler(cluster, provider, clock, options, log, elector, interruption_queue=interruption_queue,
+                          nodeclasses_from_cluster=nodeclasses is None)

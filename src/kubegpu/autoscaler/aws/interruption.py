@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.clients import call
 from kubegpu.autoscaler.aws.launch import parse_provider_id
-from kubegpu.autoscaler.state import is_daemon_pod, is_reschedulable, name_of
+from kubegpu.autoscaler.objects import is_daemon_pod, is_reschedulable, name_of
 from kubegpu.autoscaler.termination import eviction_blocker, taint_node
 from kubegpu.errors import KubegpuError
 from kubegpu.scheduling import is_finished
