@@ -252,8 +252,8 @@ def kill_writers(kills: int) -> None:
 def _plans_applied_twice(url: str, clean: Any, plans: int, directory: Path) -> tuple[int, int]:
     from kubegpu.gpu.simulated import SimulatedBackend
     from kubegpu.kube.errors import ApiError
-    from kubegpu.partitioner import annotations as ann
-    from kubegpu.partitioner.agent import PartitionAgent
+    from kubegpu.partitionagent import annotations as ann
+    from kubegpu.partitionagent.agent import PartitionAgent
     from tests.reliability.faults import faulty_cluster
 
     node = f"faults-{random.randrange(10**6)}"

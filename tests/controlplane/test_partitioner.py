@@ -21,7 +21,7 @@ import pytest
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import Cluster
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from kubegpu.sharing.devices import allocatable
 from kubegpu.sharing.names import GPU_RESOURCE_PREFIX
 from kubegpu.testing.session import RealCluster, wait_for

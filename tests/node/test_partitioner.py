@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from kubegpu.testing.nodepods import (
     Agent,
     NodeSession,

@@ -13,8 +13,8 @@ from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
 from kubegpu.metrics import PartitionerMetrics
-from kubegpu.partitioner import annotations as ann
-from kubegpu.partitioner.agent import PartitionAgent
+from kubegpu.partitionagent import annotations as ann
+from kubegpu.partitionagent.agent import PartitionAgent
 from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.sharing.attribution import ContainerDevices
 from kubegpu.sharing.mps import read_slices as read_slices_file

@@ -21,8 +21,8 @@ from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
-from kubegpu.partitioner import annotations as ann
-from kubegpu.partitioner.agent import PartitionAgent
+from kubegpu.partitionagent import annotations as ann
+from kubegpu.partitionagent.agent import PartitionAgent
 from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.scheduling import fits, node_info
 from tests.fakes.fake_kubelet import FakeKubelet

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kubegpu.cli import app
 from kubegpu.gpu.catalog import get_model
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from tests.fakes.apiserver import write_kubeconfig
 
 pytestmark = pytest.mark.integration

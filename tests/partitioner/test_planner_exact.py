@@ -16,7 +16,7 @@ from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import CATALOG, get_model
 from kubegpu.gpu.geometry import feasible_multisets
 from kubegpu.kube import MemoryCluster
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.partitioner.planner import NodeInput, plan, plan_violations
 from kubegpu.partitioner.planner.disagg import plan_objective

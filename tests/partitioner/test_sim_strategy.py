@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from kubegpu.errors import ConfigError
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from kubegpu.partitioner.controller import PartitionerController
 from kubegpu.partitioner.sim_strategy import DynamicMig, DynamicMps
 from kubegpu.sim.engine import Simulation

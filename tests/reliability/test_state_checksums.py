@@ -22,8 +22,8 @@ from kubegpu.errors import ConfigError
 from kubegpu.files import CorruptStateError, dumps_checked
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube import MemoryCluster
-from kubegpu.partitioner import annotations as ann
-from kubegpu.partitioner.agent import PartitionAgent
+from kubegpu.partitionagent import annotations as ann
+from kubegpu.partitionagent.agent import PartitionAgent
 from kubegpu.sharing.mps import MpsPlan, dumps_limits, limits_document, parse_limits, read_slices, write_slices
 from kubegpu.sharing.mps_control import MpsControl
 from kubegpu.statefiles import dumps_stamped, stamp_checksum, verify_checksum

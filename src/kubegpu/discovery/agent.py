@@ -39,8 +39,8 @@ FEATURE_FILE_LIMIT = 1024 * 1024  # NFD itself skips feature files over 64 KiB; 
 def read_machine_type(path: Path | str) -> str | None:
     """The DMI product name (`NVIDIA DGX A100`); None when unreadable, which GFD labels `unknown`."""
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or None
-    except OSError:
+        return read_text(path, limit=4096).strip() or None
+    except (OSError, ConfigError):
         return None
 
 

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from kubegpu.clock import Clock, RealClock
+from kubegpu.errors import ConfigError
+from kubegpu.files import read_text
 from kubegpu.gpu.backend import (
     BackendUnavailable,
     GpuBackendError,
@@ -378,8 +379,8 @@ class NvmlBackend:
 
     def boot_id(self) -> str:
         try:
-            return Path(BOOT_ID_FILE).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
+            return read_text(BOOT_ID_FILE, limit=256).strip()
+        except (OSError, ConfigError):
             return ""
 
     def close(self) -> None:

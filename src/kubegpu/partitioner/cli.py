@@ -149,7 +149,7 @@ def partition_agent_command(
     """Apply the partitioner's desired MIG/MPS layout on this node and report its status."""
     from kubegpu.gpu.backend import open_backend
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
-    from kubegpu.partitioner.agent import PartitionAgent
+    from kubegpu.partitionagent.agent import PartitionAgent
     from kubegpu.sharing.attribution import PodResourcesClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

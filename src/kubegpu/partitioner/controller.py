@@ -21,13 +21,13 @@ from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.batching import Batcher
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.metrics import PartitionerMetrics
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
+from kubegpu.partitionagent.annotations import node_mode
 from kubegpu.partitioner.planner import (
     DEFAULT_PLANNER,
     DEFAULT_TIME_LIMIT_S,
     CurrentInstance,
     GpuInput,
-    Mode,
     MpsSlice,
     NodeInput,
     Plan,
@@ -62,11 +62,6 @@ def could_help(pod: Mapping[str, Any]) -> bool:
         return any(is_partition_resource(r) for r in pod_requests(pod))
     except KubegpuError:
         return False
-
-
-def node_mode(node: Mapping[str, Any]) -> Mode | None:
-    value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
-    return "mig" if value == "mig" else "mps" if value == "mps" else None
 
 
 def in_flight(node: Mapping[str, Any]) -> bool:

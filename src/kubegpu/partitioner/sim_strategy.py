@@ -37,7 +37,7 @@ from kubegpu.kube.errors import NotFound
 from kubegpu.kube.informer import InformedCluster
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.kube.memory import MemoryCluster
-from kubegpu.partitioner import annotations as ann
+from kubegpu.partitionagent import annotations as ann
 from kubegpu.partitioner.controller import LEASE_NAME, PartitionerController
 from kubegpu.partitioner.planner import Mode
 from kubegpu.sharing.names import mig_resource_name, mps_slice_resource_name, strip_replica

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import parse_json_text
 from kubegpu.sharing.devices import allocatable
 from kubegpu.sharing.names import DEVICE_PLUGIN_CONFIG_ANNOTATION, MIG_CONFIG_LABEL, is_gpu_resource
 
@@ -44,8 +45,8 @@ class GpuSharing:
 
     @property
     def plugin_config_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.plugin_config)
-        return data
+        data = parse_json_text(self.plugin_config, "device-plugin config")   # bounded, through kubegpu.files
+        return data if isinstance(data, dict) else {}
 
 
 def sharing_of(labels: Mapping[str, str], annotations: Mapping[str, str], where: str) -> GpuSharing:

@@ -15,7 +15,6 @@ message whose handling fails stays in the queue and comes back after the visibil
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,8 @@ from kubegpu.autoscaler.aws.clients import call
 from kubegpu.autoscaler.aws.launch import parse_provider_id
 from kubegpu.autoscaler.objects import is_daemon_pod, is_reschedulable, name_of
 from kubegpu.autoscaler.termination import eviction_blocker, taint_node
-from kubegpu.errors import KubegpuError
+from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.files import parse_json_text
 from kubegpu.scheduling import is_finished
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ class InterruptionEvent:
 def parse_event(body: str) -> InterruptionEvent | None:
     """The event a message body carries, or None for anything we do not act on (unparsable included)."""
     try:
-        event = json.loads(body)
-    except (TypeError, ValueError):
+        event = parse_json_text(body, "interruption message")   # bounded depth, through kubegpu.files
+    except (TypeError, ValueError, ConfigError):
         return None
     if not isinstance(event, dict) or not isinstance(event.get("detail"), dict):
         return None

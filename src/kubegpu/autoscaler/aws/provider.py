@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -113,7 +113,9 @@ class AwsProvider:
             raise NodeClassNotReadyError(f"EC2NodeClass {name!r} not found")
         hit = self._resolved.get(name)
         if hit is None or self.clock.now() - hit[0] >= NODECLASS_REFRESH:
-            status = resolve(self.clients, spec, self.k8s_version, self.ssm_prefix)
+            # the controller's Clock, not the wall clock, decides which reservations are expiring
+            now = datetime.fromtimestamp(self.clock.now(), UTC)
+            status = resolve(self.clients, spec, self.k8s_version, self.ssm_prefix, now=now)
             hit = self._resolved[name] = (self.clock.now(), spec.model_copy(update={"status": status}))
         return hit[1]
 

@@ -82,6 +82,9 @@ class HighsLoader:
                     os.close(devnull)
                 self._quiet = True
         highs.setOptionValue("output_flag", False)
+        # one thread: the planner's programs are small and HiGHS's worker threads mostly spin (a fifth of a
+        # simulated day's plan CPU on 800 GPUs), taking cores from the controller that runs beside it
+        highs.setOptionValue("threads", 1)
         return highs
 
 

@@ -17,6 +17,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from kubegpu.errors import ConfigError, NotFoundError
 from kubegpu.gpu.catalog import GpuModel, get_model
@@ -171,3 +172,9 @@ def parse_status(annotations: Mapping[str, str], mode: str) -> tuple[list[Report
         except ConfigError as exc:
             errors.append(str(exc))
     return gpus, errors
+
+
+def node_mode(node: Mapping[str, Any]) -> Literal["mig", "mps"] | None:
+    """How the node opted into dynamic partitioning (label `kubegpu.io/gpu-partitioning`), or None."""
+    value = ((node.get("metadata") or {}).get("labels") or {}).get(PARTITIONING_LABEL)
+    return "mig" if value == "mig" else "mps" if value == "mps" else None

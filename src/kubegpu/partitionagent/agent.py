@@ -23,8 +23,8 @@ from kubegpu.gpu.backend import GpuBackend, GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.kube import Cluster, record_event
-from kubegpu.partitioner import annotations as ann
-from kubegpu.partitioner.controller import node_mode
+from kubegpu.partitionagent import annotations as ann
+from kubegpu.partitionagent.annotations import node_mode
 from kubegpu.scheduling import is_finished, pod_requests
 from kubegpu.sharing.attribution import ContainerDevices, attribute
 from kubegpu.sharing.mps import read_slices, write_slices
