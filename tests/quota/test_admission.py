@@ -54,7 +54,7 @@ def policy(real_cluster: RealCluster) -> Iterator[lightkube.Client]:
     client = real_cluster.client()
     applied = apply_all(client, shipped())
     probe = gpu_pod("default", {"nvidia.com/gpu": 1})
-    wait_for(lambda: stored_charge(create(client, probe, dry_run=True)), "the charge policy to be active", 30)
+    wait_for(lambda: stored_charge(create(client, probe, dry_run=True)), "the charge policy to be active", 60)
     try:
         yield client
     finally:
@@ -124,7 +124,7 @@ def _quota(client: lightkube.Client, namespace: str) -> None:
                                     "spec": {"hard": {f"requests.{MEMORY}": "80Gi"}}}))
     # the quota admission plugin enforces what the controller-manager has recorded in status.hard
     wait_for(lambda: (client.get(ResourceQuota, "gpu", namespace=namespace).status.hard or {}).get(
-        f"requests.{MEMORY}"), "the ResourceQuota's status.hard", 30)
+        f"requests.{MEMORY}"), "the ResourceQuota's status.hard", 60)
 
 
 MIXES = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -120,25 +120,35 @@ class ReportedGpu:
     slices: tuple[tuple[int, bool], ...] = ()  # MPS: (GB, used)
 
 
-def status_annotations(mode: str, gpus: Sequence[ReportedGpu], plan_id: str | None) -> dict[str, str]:
+def status_annotations(mode: str, gpus: Sequence[ReportedGpu], plan_id: str | None,
+                       per_gpu: Callable[[str, ReportedGpu], dict[str, str]] | None = None) -> dict[str, str]:
+    """The agent's status annotations; `per_gpu` (default `gpu_status_annotations`) lets a caller that reports the
+    same GPUs pass after pass (the simulator's agents) reuse each GPU's part."""
     out: dict[str, str] = {}
     if plan_id is not None:
         out[STATUS_PLAN] = plan_id
     for gpu in gpus:
-        base = f"{PREFIX}status-gpu-{gpu.index}"
-        out[f"{base}-model"] = gpu.model_key
-        counts: Counter[tuple[str, bool]] = Counter()
-        if mode == "mps":
-            out[f"{base}-layout"] = ",".join(f"{gb}gb" for gb, _ in gpu.slices)
-            out[f"{base}-layout-used"] = ",".join(f"{gb}gb" for gb, used in gpu.slices if used)
-            counts.update((f"{gb}gb", used) for gb, used in gpu.slices)
-        else:
-            model = get_model(gpu.model_key)
-            out[f"{base}-layout"] = format_layout(model, [i for i, _ in gpu.instances])
-            out[f"{base}-layout-used"] = format_layout(model, [i for i, used in gpu.instances if used])
-            counts.update((key_profile(model, i.profile_id), used) for i, used in gpu.instances)
-        for (profile, used), n in sorted(counts.items()):
-            out[f"{base}-{profile}-{'used' if used else 'free'}"] = str(n)
+        out.update((per_gpu or gpu_status_annotations)(mode, gpu))
+    return out
+
+
+def gpu_status_annotations(mode: str, gpu: ReportedGpu) -> dict[str, str]:
+    """One GPU's status annotations: model, layout, instances in use, counts per profile."""
+    out: dict[str, str] = {}
+    base = f"{PREFIX}status-gpu-{gpu.index}"
+    out[f"{base}-model"] = gpu.model_key
+    counts: Counter[tuple[str, bool]] = Counter()
+    if mode == "mps":
+        out[f"{base}-layout"] = ",".join(f"{gb}gb" for gb, _ in gpu.slices)
+        out[f"{base}-layout-used"] = ",".join(f"{gb}gb" for gb, used in gpu.slices if used)
+        counts.update((f"{gb}gb", used) for gb, used in gpu.slices)
+    else:
+        model = get_model(gpu.model_key)
+        out[f"{base}-layout"] = format_layout(model, [i for i, _ in gpu.instances])
+        out[f"{base}-layout-used"] = format_layout(model, [i for i, used in gpu.instances if used])
+        counts.update((key_profile(model, i.profile_id), used) for i, used in gpu.instances)
+    for (profile, used), n in sorted(counts.items()):
+        out[f"{base}-{profile}-{'used' if used else 'free'}"] = str(n)
     return out
 
 

@@ -94,6 +94,7 @@ class _Dynamic(BaseStrategy):
         self.applying: dict[str, tuple[float, str]] = {}  # node → (when its new layout is in place, plan id)
         self.handled: dict[str, str] = {}  # node → the last plan id its agent reported
         self._status: dict[str, tuple[NodeView, tuple[str | None, int], dict[str, str]]] = {}  # node → last report
+        self._gpu_status: dict[tuple[str, ann.ReportedGpu], dict[str, str]] = {}  # one GPU's part of a report
         self.plans = 0
         self.recuts = 0
         self.skipped = 0  # windows not planned: same input as the last plan, which changed nothing
@@ -131,11 +132,20 @@ class _Dynamic(BaseStrategy):
         last = self._status.get(view.name)
         if last is not None and last[0] is view and last[1] == basis:
             return  # nothing changed since the last report (views are cached until their node changes)
-        status = ann.status_annotations(self.mode, self.reported_gpus(view), plan_id)
+        status = ann.status_annotations(self.mode, self.reported_gpus(view), plan_id, self._gpu_part)
         patch = ann.replace_family(last[2] if last is not None else {}, status, "status")
         if patch:
             sim.cluster.patch("Node", view.name, {"metadata": {"annotations": patch}})
         self._status[view.name] = (view, basis, status)
+
+    def _gpu_part(self, mode: str, gpu: ann.ReportedGpu) -> dict[str, str]:
+        """A GPU's status annotations, remembered: most GPUs report the same instances pass after pass."""
+        found = self._gpu_status.get((mode, gpu))
+        if found is None:
+            if len(self._gpu_status) > 100_000:
+                self._gpu_status.clear()
+            found = self._gpu_status[(mode, gpu)] = ann.gpu_status_annotations(mode, gpu)
+        return found
 
     def apply(self, sim: SimControl, view: NodeView, now: float) -> None:
         """Apply the desired layout the controller wrote on the node; report at once if nothing is to wait for."""
