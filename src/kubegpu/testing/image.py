@@ -184,6 +184,8 @@ def build(root: Path | None = None, ref: str = IMAGE_REF, force: bool = False) -
     _run(["buildah", "push", ref, f"docker-archive:{partial}:{ref}"], f"buildah push {ref} to a docker-archive")
     partial.replace(archive)
     _prune(archive)
+    # the image this tag named before is now dangling in buildah's store (~500 MB each build): drop it
+    subprocess.run(["buildah", "rmi", "--prune"], capture_output=True, check=False)
     return Built(ref, archive, inputs, time.monotonic() - started, cached=False)
 
 
