@@ -83,8 +83,9 @@ def test_mps_daemon_follows_the_device_plugin_on_mps_capable_nodes() -> None:
     container = pod["containers"][0]
     assert container["command"] == ["kubegpu", "mps-control-daemon"] and container["securityContext"]["privileged"]
     assert env(container)["MPS_ROOT"] == "/run/kg/mps"
-    assert env(workloads(CONFIGURED)["kubegpu-device-plugin"]["spec"]["template"]["spec"]["containers"][0])[
-        "MPS_ROOT"] == "/run/kg/mps"  # the plugin mounts the same host paths into MPS pods
+    for reader in ("kubegpu-device-plugin", "kubegpu-gpu-feature-discovery"):  # an MPS config needs its root
+        assert env(workloads(CONFIGURED)[reader]["spec"]["template"]["spec"]["containers"][0])[
+            "MPS_ROOT"] == "/run/kg/mps"  # the plugin mounts the same host paths into MPS pods
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert volumes["mps-root"] == mounts["mps-root"] == "/run/kg/mps"

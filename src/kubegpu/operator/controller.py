@@ -6,6 +6,7 @@ below it; the handlers here only call `run_pass` and decide when to run it next.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -30,6 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubegpu.operator")
 LEASE_NAME = "kubegpu-operator"
 READY_RESYNC = 60.0  # a ready policy is re-checked this often even without events
+
+
+def in_cluster_server(env: dict[str, str] | os._Environ[str], default: str) -> str:
+    """The API server as client-go's in-cluster config finds it: `KUBERNETES_SERVICE_HOST`/`_PORT`, which the kubelet
+    sets in every pod. kopf's own service-account login names `https://kubernetes.default.svc`, which needs the
+    cluster's DNS; the operator's lightkube client (server-side apply) already uses the environment, so both agree."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return default
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def _register_generic_resources() -> None:
@@ -283,7 +294,10 @@ def build_registry(scheduler: Scheduler) -> Any:
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
         """In-cluster service account, else $KUBECONFIG / ~/.kube/config (kopf's own readers: no extra client)."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        info = kopf.login_with_service_account(**kwargs)
+        if info is not None:
+            return dataclasses.replace(info, server=in_cluster_server(os.environ, info.server))
+        return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def policy_changed(name: str, type: str | None, **_: Any) -> None:

@@ -225,7 +225,9 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
     if args:
         container["args"] = args
     defaults = list(op.env)
-    if op.component in ("device-plugin", "mps-control-daemon"):
+    if op.component in ("device-plugin", "mps-control-daemon", "gpu-feature-discovery"):
+        # every reader of the device-plugin config: an MPS config is refused without its root (found on the real
+        # node: feature discovery could not label an MPS node, so the MPS daemon never got scheduled)
         defaults.append(("MPS_ROOT", policy.spec.devicePlugin.mps.root))
     env = [_node_name_env(), *_env([*defaults, *spec.env])]
     if op.component in ("device-plugin", "gpu-feature-discovery", "mig-manager"):

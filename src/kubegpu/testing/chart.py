@@ -21,11 +21,16 @@ from urllib.parse import urlsplit
 import yaml
 
 from kubegpu.errors import KubegpuError
+from kubegpu.kube.resources import ResourceKind, register_kind
 
 API_ACCESS_LABEL = "kubegpu.io/test-api-access"
 API_ACCESS_POLICY = "kubegpu-test-api-access"
 CHART_DIR = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "kubegpu"
 HELM_TIMEOUT_S = 300.0
+for _kind, _plural in (("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
+                       ("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings")):
+    register_kind(ResourceKind(_kind, "admissionregistration.k8s.io", "v1", _plural, namespaced=False,
+                               status_subresource=False, strategic_merge=False))
 
 
 def api_access_policy(server: str) -> list[dict[str, Any]]:
@@ -101,3 +106,94 @@ def _values_file(values: dict[str, Any], workdir: Path, name: str) -> Path:
     path = workdir / f"values-{name}.yaml"
     path.write_text(yaml.safe_dump(values, sort_keys=False))
     return path
+
+
+def prepare_namespace(kubeconfig: Path, namespace: str) -> list[str]:
+    """Create `namespace` labelled for API access and the admission policy (each only when missing); returns what
+    was created. What `python -m kubegpu.testing.chart KUBECONFIG NAMESPACE` does before `helm install`."""
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    from kubegpu.kube.errors import Conflict
+    from kubegpu.testing.kubeconfig import admin_cluster
+
+    cluster = admin_cluster(kubeconfig)
+    config = yaml.safe_load(kubeconfig.read_text())
+    server = str(config["clusters"][0]["cluster"]["server"])
+    created = []
+    for obj in api_access_policy(server):
+        try:
+            cluster.create(obj)
+            created.append(f"{obj['kind']} {obj['metadata']['name']}")
+        except Conflict:
+            pass
+    try:
+        cluster.client.create(Namespace(metadata=ObjectMeta(name=namespace, labels={API_ACCESS_LABEL: "true"})))
+        created.append(f"Namespace {namespace}")
+    except ApiError as exc:
+        if exc.status.code != 409:
+            raise
+        cluster.client.patch(Namespace, namespace, {"metadata": {"labels": {API_ACCESS_LABEL: "true"}}})
+    return created
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kubegpu.testing.chart KUBECONFIG NAMESPACE", file=sys.stderr)
+        return 2
+    try:
+        created = prepare_namespace(Path(args[0]), args[1])
+    except KubegpuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(", ".join(created) or "already prepared")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+SHARED_MOUNTS = ("/run/nvidia/validations",)
+"""Host paths the operands mount with propagation (the GPU Operator's barrier directory: Bidirectional for the
+validator, HostToContainer for the waits). The runtime refuses propagation from a private mount, and without systemd
+this machine's `/` is private, so the fixture makes each a shared bind mount of itself for the test's lifetime."""
+
+
+@dataclass
+class SharedMount:
+    path: Path
+    created: list[Path]  # directories this made (removed again)
+
+
+def share_mounts(paths: Sequence[str] = SHARED_MOUNTS) -> list[SharedMount]:
+    made = []
+    for raw in paths:
+        path = Path(raw)
+        created = [p for p in (path, *path.parents) if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        for args in (["mount", "--bind", str(path), str(path)], ["mount", "--make-shared", str(path)]):
+            result = subprocess.run(args, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise KubegpuError(f"{' '.join(args)}: {result.stderr.strip() or result.returncode}")
+        made.append(SharedMount(path, created))
+    return made
+
+
+def unshare_mounts(mounts: Sequence[SharedMount]) -> list[str]:
+    """Undo `share_mounts`; returns what could not be undone (one line each)."""
+    problems = []
+    for mount in mounts:
+        result = subprocess.run(["umount", str(mount.path)], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            problems.append(f"umount {mount.path}: {result.stderr.strip()}")
+        for directory in sorted(mount.created, key=lambda p: len(p.parts), reverse=True):
+            try:
+                directory.rmdir()
+            except OSError as exc:
+                problems.append(f"rmdir {directory}: {exc.strerror}")
+    return problems

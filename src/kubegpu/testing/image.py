@@ -73,8 +73,10 @@ def _run(args: list[str], what: str, timeout: float = BUILD_TIMEOUT_S, cwd: Path
     except subprocess.TimeoutExpired:
         raise KubegpuError(f"{what}: ran longer than {timeout:.0f}s") from None
     if result.returncode != 0:
-        lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-        raise KubegpuError(f"{what}: {' | '.join(lines[-3:]) or f'exit status {result.returncode}'}")
+        lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+        # buildah ends with "subprocess exited with status 1"; the cause (pip's ERROR lines) is further up
+        errors = [line for line in lines if "error" in line.lower() and "exited with status" not in line]
+        raise KubegpuError(f"{what}: {' | '.join((errors or lines)[-3:]) or f'exit status {result.returncode}'}")
     return result.stdout
 
 
@@ -151,9 +153,10 @@ def _host_trust() -> list[str]:
 def _context_files(root: Path) -> list[Path]:
     """What the Dockerfile's context holds after .dockerignore (its allow-list), plus the Dockerfile itself."""
     files = [root / name for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")]
+    testing = root / "src" / "kubegpu" / "testing"  # excluded by .dockerignore: test helpers only
     for top in ("src", "deploy/crds"):
         files += [p for p in (root / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                  and p.suffix != ".pyc"]
+                  and p.suffix != ".pyc" and testing not in p.parents]
     return sorted(files)
 
 
