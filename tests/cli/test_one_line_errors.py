@@ -28,8 +28,8 @@ def test_unknown_strategy_fails_before_any_simulation_runs() -> None:
     result = CliRunner().invoke(app, ["simulate", "--strategies", "exclusive,bogus"])
     assert result.exit_code == 2  # a bad value of --strategies: the CLI contract's usage error
     assert result.output.strip().splitlines() == [
-        "error: --strategies: unknown strategy 'bogus'; available: autoscaler, dra, dra-dynamic-mig, dynamic-mig, "
-        "dynamic-mps, exclusive, mps, static-mig, time-slicing"
+        "error: --strategies: unknown strategy 'bogus'; available: autoscaler, dra, dra-dynamic-mig, dra-shared, "
+        "dynamic-mig, dynamic-mps, exclusive, mps, static-mig, time-slicing"
     ]
 
 

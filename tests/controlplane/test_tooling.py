@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from kubegpu.errors import ConfigError, KubegpuError
-from kubegpu.testing import certs, controlplane, k8sbuild
+from kubegpu.testing import certs, controlplane, k8sbuild, processes
 from kubegpu.testing.controlplane import ControlPlaneError
 from kubegpu.testing.kwoknodes import KWOK_ANNOTATION, gpu_node
 
@@ -127,7 +127,7 @@ def test_a_component_that_never_becomes_ready_is_stopped(tmp_path: Path, monkeyp
     original = controlplane.down
 
     def down_recording(directory: Path | str) -> list[str]:
-        pids.extend(pid for pid, _, _ in controlplane._read_pids(Path(directory)))
+        pids.extend(pid for pid, _, _ in processes.read_pids(Path(directory)))
         return original(directory)
 
     monkeypatch.setattr(controlplane, "down", down_recording)

@@ -14,7 +14,6 @@ new ones), and the API versions in `API_VERSIONS` are served besides the default
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -34,6 +33,10 @@ from kubegpu.errors import KubegpuError
 from kubegpu.testing import k8sbuild, realnode
 from kubegpu.testing.kubeconfig import admin_cluster, write_kubeconfig
 from kubegpu.testing.kwoknodes import KWOK_SELECTOR, gpu_node, is_ready, node_names
+from kubegpu.testing.processes import PIDS, STOP_TIMEOUT_S, live_pids, stop_all
+from kubegpu.testing.processes import is_ours as _is_ours
+from kubegpu.testing.processes import read_pids as _read_pids
+from kubegpu.testing.processes import signal_group as _signal
 
 if TYPE_CHECKING:
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
@@ -42,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubegpu.testing.controlplane")
 
 HOST = "127.0.0.1"
-PIDS = "pids"
 KUBECONFIG = "kubeconfig"
 # API versions served besides the defaults: DRA's older and alpha versions, and the Workload/PodGroup API that the
 # GenericWorkload gate (a dependency of DRAWorkloadResourceClaims) makes kube-scheduler watch — without it the
@@ -52,8 +54,6 @@ API_VERSIONS = ("resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2", "resource.
 EXTRA_GATES = ("DynamicResourceAllocation",)
 READY_TIMEOUT_S = 90.0
 NODES_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
-EXEC_GRACE_S = 0.1  # how long an empty command line is taken for an exec still under way (`_is_ours`)
 DEFAULT_GPUS = "8xA100-SXM4-80GB"
 
 
@@ -176,7 +176,7 @@ class _Launcher:
 
 
 def _clean_directory(directory: Path) -> None:
-    if (directory / PIDS).exists() and _live_pids(directory):
+    if (directory / PIDS).exists() and live_pids(directory):
         raise ControlPlaneError(f"{directory}: a control plane is already running there (see {directory / PIDS}); "
                                 f"run `scripts/control-plane.sh down {directory}` first")
     (directory / PIDS).unlink(missing_ok=True)
@@ -346,44 +346,6 @@ def _start_apiserver(launcher: _Launcher, args: list[str], readyz: str, context:
 # ---------------------------------------------------------------------------------------------------------- down
 
 
-def _read_pids(directory: Path) -> list[tuple[int, str, str]]:
-    try:
-        lines = (directory / PIDS).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    entries = []
-    for number, line in enumerate(lines, 1):
-        parts = line.split(maxsplit=2)
-        if len(parts) != 3 or not parts[0].isdigit():
-            raise ControlPlaneError(f"{directory / PIDS}:{number}: expected `PID NAME BINARY`, got {line!r}")
-        entries.append((int(parts[0]), parts[1], parts[2]))
-    return entries
-
-
-def _is_ours(pid: int, binary: str) -> bool:
-    """The pid is alive and still runs the binary we started (not a recycled pid, not a zombie).
-
-    A process caught in the middle of its exec has no command line yet: the kernel closes the close-on-exec pipe
-    that lets `Popen` return before it maps the new program's arguments. So an empty one is read again for a
-    moment rather than taken for a stranger, which would leave a process just started running after `down`."""
-    deadline = time.monotonic() + EXEC_GRACE_S
-    while True:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        if argv != [b""] or state == "Z" or time.monotonic() >= deadline:
-            break
-        time.sleep(0.001)
-    # argv[0] for a binary; argv[1] when the kernel ran it through a `#!` interpreter
-    return binary.encode() in argv[:2] and state != "Z"
-
-
-def _live_pids(directory: Path) -> list[tuple[int, str]]:
-    return [(pid, name) for pid, name, binary in _read_pids(directory) if _is_ours(pid, binary)]
-
-
 def down(directory: Path | str) -> list[str]:
     """Stop the processes DIR/pids lists, last started first (clients before the API server, etcd last, so none
     hangs on a server already gone): SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the names stopped."""
@@ -392,55 +354,10 @@ def down(directory: Path | str) -> list[str]:
     entries = [(pid, name, binary) for pid, name, binary in _read_pids(directory) if _is_ours(pid, binary)]
     clients = [entry for entry in entries if entry[1] not in ("kube-apiserver", "etcd")]
     for stage in (clients, [e for e in entries if e[1] == "kube-apiserver"], [e for e in entries if e[1] == "etcd"]):
-        for pid, _, _ in stage:
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for pid, name, binary in stage:
-            while _is_ours(pid, binary) and time.monotonic() < deadline:
-                _reap(pid)
-                time.sleep(0.05)
-            if _is_ours(pid, binary):
-                log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, STOP_TIMEOUT_S)
-                _signal(pid, signal.SIGKILL)
-            _reap(pid)
+        stop_all(stage, STOP_TIMEOUT_S)
     (directory / PIDS).unlink(missing_ok=True)
     _remove_tree(directory / "etcd")
     return node_stopped + [name for _, name, _ in entries]
-
-
-def _stop(pid: int, binary: str, name: str) -> None:
-    """SIGTERM one recorded process (its process group), SIGKILL after STOP_TIMEOUT_S; returns once it is gone."""
-    _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _is_ours(pid, binary) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.05)
-    if _is_ours(pid, binary):
-        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, STOP_TIMEOUT_S)
-        _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _is_ours(pid, binary) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.05)
-    _reap(pid)
-
-
-def _signal(pid: int, signum: int) -> None:
-    """Signal the process and whatever it started: each component leads its own process group (`up` started it
-    with a new session), so the group holds only processes of ours."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap(pid: int) -> None:
-    """Collect an exit status when the process is our own child (the fixture's case), so it leaves no zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _remove_tree(path: Path) -> None:

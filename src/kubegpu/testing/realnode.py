@@ -303,7 +303,8 @@ def teardown(directory: Path, entries: list[tuple[int, str, str]]) -> list[str]:
     """Stop the real node started in ``directory`` (``entries``: DIR/pids as (pid, name, binary)) and remove
     everything it left: containers, shims, mounts, the kubelet's files outside DIR, the bridge, pod cgroups, the
     lock. Harmless when no real node was started there or it is already down. Returns the names stopped."""
-    from kubegpu.testing.controlplane import _is_ours, _stop
+    from kubegpu.testing.processes import is_ours as _is_ours
+    from kubegpu.testing.processes import stop as _stop
 
     paths = NodePaths(directory)
     state_file = directory / STATE
@@ -474,7 +475,10 @@ def leftovers(directory: Path) -> list[str]:
 def restart_kubelet(directory: Path) -> int:
     """Stop the node's kubelet and start it again with the same arguments (as a kubelet upgrade or crash would);
     returns the new pid once it runs. Pods keep running in containerd meanwhile; plugins must re-register."""
-    from kubegpu.testing.controlplane import PIDS, _is_ours, _read_pids, _stop
+    from kubegpu.testing.processes import PIDS
+    from kubegpu.testing.processes import is_ours as _is_ours
+    from kubegpu.testing.processes import read_pids as _read_pids
+    from kubegpu.testing.processes import stop as _stop
 
     entries = [(pid, binary) for pid, name, binary in _read_pids(directory)
                if name == "kubelet" and _is_ours(pid, binary)]

@@ -1,0 +1,111 @@
+"""The processes a control plane (and its real node) recorded in DIR/pids: read them back, tell ours from a
+recycled pid, and stop them (SIGTERM to the process group, SIGKILL after a timeout), leaving no zombie."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from kubegpu.errors import KubegpuError
+
+log = logging.getLogger("kubegpu.testing.controlplane")
+
+PIDS = "pids"
+STOP_TIMEOUT_S = 15.0
+EXEC_GRACE_S = 0.1  # how long an empty command line is taken for an exec still under way (`is_ours`)
+
+
+def read_pids(directory: Path) -> list[tuple[int, str, str]]:
+    """`PID NAME BINARY` per line of DIR/pids; none when the file does not exist."""
+    try:
+        lines = (directory / PIDS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for number, line in enumerate(lines, 1):
+        parts = line.split(maxsplit=2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            raise KubegpuError(f"{directory / PIDS}:{number}: expected `PID NAME BINARY`, got {line!r}")
+        entries.append((int(parts[0]), parts[1], parts[2]))
+    return entries
+
+
+def is_ours(pid: int, binary: str) -> bool:
+    """The pid is alive and still runs the binary we started (not a recycled pid, not a zombie).
+
+    A process caught in the middle of its exec has no command line yet: the kernel closes the close-on-exec pipe
+    that lets `Popen` return before it maps the new program's arguments. So an empty one is read again for a
+    moment rather than taken for a stranger, which would leave a process just started running after `down`."""
+    deadline = time.monotonic() + EXEC_GRACE_S
+    while True:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if argv != [b""] or state == "Z" or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
+    # argv[0] for a binary; argv[1] when the kernel ran it through a `#!` interpreter
+    return binary.encode() in argv[:2] and state != "Z"
+
+
+def live_pids(directory: Path) -> list[tuple[int, str]]:
+    return [(pid, name) for pid, name, binary in read_pids(directory) if is_ours(pid, binary)]
+
+
+def stop(pid: int, binary: str, name: str, timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM one recorded process (its process group), SIGKILL after STOP_TIMEOUT_S; returns once it is gone."""
+    signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while is_ours(pid, binary) and time.monotonic() < deadline:
+        reap(pid)
+        time.sleep(0.05)
+    if is_ours(pid, binary):
+        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, timeout)
+        signal_group(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while is_ours(pid, binary) and time.monotonic() < deadline:
+            reap(pid)
+            time.sleep(0.05)
+    reap(pid)
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Signal the process and whatever it started: each component leads its own process group (`up` started it
+    with a new session), so the group holds only processes of ours."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def reap(pid: int) -> None:
+    """Collect an exit status when the process is our own child (the fixture's case), so it leaves no zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_all(entries: Sequence[tuple[int, str, str]], timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop several recorded processes together: SIGTERM all, then wait for each (SIGKILL after `timeout`), so a
+    stage of clients takes one timeout at most, not one per process."""
+    for pid, _, binary in entries:
+        if is_ours(pid, binary):
+            signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for pid, name, binary in entries:
+        while is_ours(pid, binary) and time.monotonic() < deadline:
+            reap(pid)
+            time.sleep(0.05)
+        if is_ours(pid, binary):
+            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, timeout)
+            signal_group(pid, signal.SIGKILL)
+        reap(pid)
