@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -83,8 +84,8 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from kubegpu.gpu.backend import open_backend
         from kubegpu.guard.agent import Guard
-        from kubegpu.guard.kubeapi import ApiEvictor
         from kubegpu.guard.procs import ProcReader
+        from kubegpu.kube.eviction import evict_pod
         from kubegpu.kube.lightkube_cluster import LightkubeCluster
         from kubegpu.metrics import GuardMetrics, serve_metrics
         from kubegpu.sharing.attribution import PodResourcesClient
@@ -97,7 +98,7 @@ def register(app: typer.Typer) -> None:
         metrics = GuardMetrics()
         if metrics_address:
             serve_metrics(metrics_address, metrics.registry)
-        guard = Guard(backend, cluster, node, PodResourcesClient(pod_resources_socket), ApiEvictor(cluster.client),
+        guard = Guard(backend, cluster, node, PodResourcesClient(pod_resources_socket), partial(evict_pod, cluster),
                       policy, metrics, ProcReader(proc_root), shares_for=shares_for)
         if once:
             result = guard.run_once()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.errors import KubegpuError
+from kubegpu.kube.eviction import evict_with_client
 from kubegpu.metrics import OperatorMetrics
 from kubegpu.operator import reconcile as R
 from kubegpu.operator.metrics import observe_pass
@@ -175,19 +176,7 @@ class LightkubeOperatorApi:
                                                         fields=fields)]
 
     def evict(self, namespace: str, name: str) -> bool:
-        from lightkube import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Pod
-
-        try:
-            self.client.create(Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name,
-                               namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 429:  # a PodDisruptionBudget says not now
-                return False
-            if exc.status.code != 404:
-                raise KubegpuError(f"evict pod {namespace}/{name}: {exc.status.message}") from None
-        return True
+        return evict_with_client(self.client, namespace, name)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.delete(("v1", "Pod", namespace, name))

@@ -8,7 +8,6 @@ wait on the `kubegpu-quota` Lease. The decision itself is `kubegpu.quota.elastic
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +19,7 @@ from kubegpu.errors import KubegpuError
 from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.cluster import parse_timestamp
 from kubegpu.kube.errors import Conflict, NotFound
+from kubegpu.kube.eviction import evict_pod
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.quota.api import KIND, parse_elastic_quota
 from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
@@ -81,28 +81,6 @@ def cluster_capacity(nodes: list[dict[str, Any]]) -> float:
     return total
 
 
-def evict(cluster: Cluster, namespace: str, name: str) -> bool:
-    """Evict through the Eviction API (PodDisruptionBudgets hold: False when one says not now); the in-memory store
-    has no subresources, so there the pod is deleted."""
-    client = getattr(cluster, "client", None)
-    if client is None:
-        with contextlib.suppress(NotFound):
-            cluster.delete("Pod", name, namespace)
-        return True
-    from lightkube import ApiError
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Pod
-
-    try:
-        client.create(Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 429:
-            return False
-        if exc.status.code != 404:
-            raise KubegpuError(f"evict pod {namespace}/{name}: {exc.status.message}") from None
-    return True
-
-
 @dataclass
 class TickResult:
     acted: bool = False
@@ -148,7 +126,7 @@ class QuotaController:
         lifted = self._lift([by_key[p.key] for p in decision.lift])
         evicted = 0
         for eviction in decision.evict:
-            if evict(self.cluster, eviction.pod.namespace, eviction.pod.name):
+            if evict_pod(self.cluster, eviction.pod.namespace, eviction.pod.name):
                 evicted += 1
                 record_event(self.cluster, by_key[eviction.pod.key], "QuotaReclaimed", eviction.reason,
                              component=COMPONENT)
