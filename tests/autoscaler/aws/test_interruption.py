@@ -133,6 +133,26 @@ def test_interruption_cordons_prespins_drains_and_holds_do_not_disrupt(account: 
         assert world.provider.unavailable.keys() == []
 
 
+def test_a_new_leader_finishes_a_drain_the_previous_one_started(account: Account) -> None:
+    """The drain lives on the NodeClaim (annotation), not in the handler: a handler that never saw the message (the
+    next leader after a failover, the queue message already deleted) finishes it once the held pod is gone."""
+    world = World(account)
+    world.send(state_change(world.instance, "stopping"))
+    world.step()
+    assert world.pods() == ["train"] and world.queue_empty()
+    annotations = world.cluster.get("NodeClaim", world.claim_name)["metadata"]["annotations"]
+    assert annotations[I.INTERRUPTION_ANNOTATION] == I.INSTANCE_STOPPED
+    successor = Autoscaler(world.cluster, world.provider, world.clock, Options(validation_delay=0))
+    world.handler = I.InterruptionHandler(world.provider, QUEUE, world.cluster, successor.provisioner,
+                                          successor.termination, world.clock)
+    world.step()                                      # the do-not-disrupt pod still holds the drain
+    assert world.handler.draining == {world.claim_name: I.INSTANCE_STOPPED}
+    assert not successor.termination.is_terminating(world.claim_name)
+    world.cluster.delete("Pod", "train", "default")
+    world.step()
+    assert successor.termination.is_terminating(world.claim_name)
+
+
 def test_rebalance_recommendation_cordons_and_prespins_without_draining(account: Account) -> None:
     world = World(account, spot=True)
     world.send(rebalance(world.instance))

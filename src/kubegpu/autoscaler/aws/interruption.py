@@ -39,6 +39,8 @@ SPOT_INTERRUPTED = "spot_interrupted"
 REBALANCE = "rebalance_recommendation"
 INSTANCE_STOPPED = "instance_stopped"
 INSTANCE_TERMINATED = "instance_terminated"
+# On a NodeClaim being drained for an interruption: the event kind (what a new leader needs to finish the drain)
+INTERRUPTION_ANNOTATION = "kubegpu.io/interruption"
 SCHEDULED_CHANGE = "scheduled_change"
 RESERVATION_INTERRUPTED = "capacity_reservation_interrupted"
 DO_NOT_DISRUPT = ("karpenter.sh/do-not-disrupt", L.DO_NOT_DISRUPT_ANNOTATION)
@@ -100,7 +102,8 @@ class InterruptionHandler:
         self.log = log or (lambda _line: None)
         self.wait_seconds = wait_seconds
         self._queue_url: str | None = None
-        self.draining: dict[str, str] = {}      # NodeClaim name → reason
+        # NodeClaim name → reason; also written to the claim (INTERRUPTION_ANNOTATION), so a new leader resumes it
+        self.draining: dict[str, str] = {}
         self.handled: list[tuple[str, str]] = []  # (event kind, NodeClaim name)
 
     @property
@@ -144,14 +147,28 @@ class InterruptionHandler:
                 self.provider.unavailable.mark(L.SPOT, labels[L.INSTANCE_TYPE_LABEL], labels[L.ZONE_LABEL])
             if name in self.draining or self.termination.is_terminating(name):
                 if name in self.draining and event.kind == INSTANCE_TERMINATED:
-                    self.draining[name] = event.kind   # the instance is gone: nothing is worth holding for
+                    self._mark(name, event.kind)   # the instance is gone: nothing is worth holding for
                 continue
             node_name = (claim.get("status") or {}).get("nodeName")
             if node_name:
                 taint_node(self.cluster, node_name, True)
             self._replace(claim, snapshot)
             if event.kind != REBALANCE:
-                self.draining[name] = event.kind
+                self._mark(name, event.kind)
+
+    def _mark(self, name: str, reason: str) -> None:
+        """Remember a drain in the API first (the claim's annotation), then in memory: what a failover must not lose
+        lives where the next leader reads it."""
+        self.cluster.patch("NodeClaim", name, {"metadata": {"annotations": {INTERRUPTION_ANNOTATION: reason}}})
+        self.draining[name] = reason
+
+    def _resume(self, snapshot: Snapshot) -> None:
+        """Drains a previous leader started (annotated claims not terminating yet) join this one's."""
+        for claim in snapshot.nodeclaims:
+            reason = ((claim.get("metadata") or {}).get("annotations") or {}).get(INTERRUPTION_ANNOTATION)
+            name = name_of(claim)
+            if reason and name not in self.draining and not (claim.get("metadata") or {}).get("deletionTimestamp"):
+                self.draining[name] = reason
 
     def _replace(self, claim: dict[str, Any], snapshot: Snapshot) -> None:
         """Pre-spin: schedule the node's pods as if it were gone and create the NodeClaims that takes."""
@@ -172,6 +189,7 @@ class InterruptionHandler:
             self.log(f"interruption: pre-spun nodeclaim {name_of(created)} ({plan.instance_type}) for {node_name}")
 
     def _drain(self, snapshot: Snapshot) -> None:
+        self._resume(snapshot)
         claims = {name_of(c): c for c in snapshot.nodeclaims}
         for name, reason in list(self.draining.items()):
             claim = claims.get(name)
