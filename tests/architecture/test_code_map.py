@@ -80,3 +80,19 @@ def test_every_module_the_code_map_names_exists() -> None:
         if not any(c.with_suffix(".py").exists() or (c / "__init__.py").exists() for c in candidates[:2]):
             missing.append(dotted)
     assert missing == [], f"docs/internals.md names modules that do not exist: {sorted(set(missing))}"
+
+
+def test_node_agent_commands_load_no_cluster_controller() -> None:
+    """A node agent's command (the partition agent's too) loads its own component, never a controller package: a
+    DaemonSet pod stays small and the node side never depends on the cluster side."""
+    import subprocess
+    import sys
+
+    for command in ("partition-agent", "gpu-guard", "device-plugin"):
+        code = ("import sys; from kubegpu.cli import build_app, COMMAND_COMPONENTS; "
+                f"build_app([COMMAND_COMPONENTS[{command!r}]]); "
+                "print(','.join(sorted(m for m in sys.modules if m.split('.')[:2] in "
+                "(['kubegpu', 'partitioner'], ['kubegpu', 'autoscaler'], ['kubegpu', 'operator'], "
+                "['kubegpu', 'quota']))))")
+        loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert loaded.strip() == "", f"{command} loads {loaded.strip()}"
