@@ -60,20 +60,8 @@ def live_pids(directory: Path) -> list[tuple[int, str]]:
 
 
 def stop(pid: int, binary: str, name: str, timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM one recorded process (its process group), SIGKILL after STOP_TIMEOUT_S; returns once it is gone."""
-    signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while is_ours(pid, binary) and time.monotonic() < deadline:
-        reap(pid)
-        time.sleep(0.05)
-    if is_ours(pid, binary):
-        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, timeout)
-        signal_group(pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout
-        while is_ours(pid, binary) and time.monotonic() < deadline:
-            reap(pid)
-            time.sleep(0.05)
-    reap(pid)
+    """SIGTERM one recorded process (its process group), SIGKILL after `timeout`; returns once it is gone."""
+    stop_all([(pid, name, binary)], timeout)
 
 
 def signal_group(pid: int, signum: int) -> None:
@@ -95,17 +83,22 @@ def reap(pid: int) -> None:
 
 
 def stop_all(entries: Sequence[tuple[int, str, str]], timeout: float = STOP_TIMEOUT_S) -> None:
-    """Stop several recorded processes together: SIGTERM all, then wait for each (SIGKILL after `timeout`), so a
-    stage of clients takes one timeout at most, not one per process."""
+    """Stop several recorded processes together: SIGTERM all, then wait for each (SIGKILL after `timeout`, then wait
+    again), so a stage of clients takes one timeout at most, not one per process."""
     for pid, _, binary in entries:
         if is_ours(pid, binary):
             signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for pid, name, binary in entries:
-        while is_ours(pid, binary) and time.monotonic() < deadline:
-            reap(pid)
-            time.sleep(0.05)
+        _wait_gone(pid, binary, deadline)
         if is_ours(pid, binary):
             log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, timeout)
             signal_group(pid, signal.SIGKILL)
+            _wait_gone(pid, binary, time.monotonic() + timeout)
         reap(pid)
+
+
+def _wait_gone(pid: int, binary: str, deadline: float) -> None:
+    while is_ours(pid, binary) and time.monotonic() < deadline:
+        reap(pid)
+        time.sleep(0.05)
