@@ -50,6 +50,27 @@ def test_lifts_within_min_then_borrows_and_writes_status() -> None:
     assert cluster_capacity(cluster.list("Node")) == 160 * 2**30
 
 
+def test_a_pod_changed_between_the_list_and_the_lift_is_lifted_in_the_same_pass() -> None:
+    """kube-scheduler writes a gated pod's SchedulingGated status right after it is created, so the copy a pass
+    listed is often stale by the time the gate is lifted: the lift reads the pod again instead of waiting a pass."""
+    cluster = _cluster()
+    _quota(cluster, "a", {"min": {MEM: "80Gi"}})
+    _pod(cluster, "a", "p0", 40, "2026-01-01T00:00:00Z")
+    original = cluster.list
+
+    def list_then_scheduler_writes(kind: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        listed = original(kind, *args, **kwargs)
+        if kind == "Pod":
+            cluster.patch("Pod", "p0", {"status": {"conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}, namespace="a",
+                          subresource="status")
+        return listed
+
+    cluster.list = list_then_scheduler_writes  # type: ignore[method-assign]
+    assert QuotaController(cluster, leader_elect=False).tick(1000.0).lifted == 1
+    assert cluster.get("Pod", "p0", "a")["spec"]["schedulingGates"] == [{"name": "other"}]
+
+
 def test_a_bad_quota_is_an_event_on_it_and_the_others_go_on() -> None:
     cluster = _cluster()
     _quota(cluster, "bad", {"min": {"cpu": "1"}})

@@ -134,15 +134,26 @@ class QuotaController:
         return TickResult(True, lifted, evicted, decision)
 
     def _lift(self, pods: list[dict[str, Any]]) -> int:
-        def one(pod: dict[str, Any]) -> bool:
+        def lift(pod: dict[str, Any]) -> None:
             meta = pod["metadata"]
             remaining = [g for g in pod["spec"].get("schedulingGates") or () if g.get("name") != QUOTA_GATE]
+            self.cluster.patch("Pod", meta["name"], {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                                                     "spec": {"schedulingGates": remaining or None}},
+                               namespace=meta.get("namespace"))
+
+        def one(pod: dict[str, Any]) -> bool:
             try:
-                self.cluster.patch("Pod", meta["name"], {"metadata": {"resourceVersion": meta.get("resourceVersion")},
-                                                         "spec": {"schedulingGates": remaining or None}},
-                                   namespace=meta.get("namespace"))
-            except (NotFound, Conflict):  # gone or changed since the list: the next pass sees it afresh
+                lift(pod)
+            except NotFound:
                 return False
+            except Conflict:
+                # Changed since the list — usually kube-scheduler's SchedulingGated status, which leaves the decision
+                # as it was: read it again and lift from the fresh copy (its other gates as they are now).
+                meta = pod["metadata"]
+                try:
+                    lift(self.cluster.get("Pod", meta["name"], meta.get("namespace")))
+                except (NotFound, Conflict):  # gone, or changing still: the next pass sees it afresh
+                    return False
             return True
 
         if len(pods) <= 1 or self.workers <= 1:
