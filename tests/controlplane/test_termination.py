@@ -260,4 +260,4 @@ def test_a_transient_api_error_during_termination_is_retried(world: Callable[...
     w.run_until(scaler, lambda: any("attempt 1" in line for line in w.lines), "the first failure to be reported")
     assert L.TERMINATION_FINALIZER in w.api.get("NodeClaim", name)["metadata"]["finalizers"]  # not finished early
     w.run_until(scaler, lambda: not w.claims(), "the termination to be retried until it goes through", timeout=30)
-    assert any("attempt 2" in line for line in w.lines)
+    assert flaky.failures == 0  # both injected failures were met on the way, and the termination went through

@@ -84,8 +84,15 @@ def test_gate_within_min_borrow_up_to_max_and_reclaim(real_cluster: RealCluster,
         assert has_quota_gate(first) and first["spec"]["containers"][0]["resources"]["requests"][MEMORY] == "80Gi"
         time.sleep(1.1)  # creation timestamps have second resolution: a-1 is the younger
         _pod(real_cluster, team_a, "a-1")
-        result = controller.tick(time.time())
-        assert result.acted and result.lifted == 2  # a-0 within min, a-1 borrows the idle half
+        # a-0 within min, a-1 borrows the idle half; pods other tests left terminating may hold capacity a moment
+        lifted, deadline = 0, time.monotonic() + SLOW
+        while lifted < 2 and time.monotonic() < deadline:
+            result = controller.tick(time.time())
+            assert result.acted
+            lifted += result.lifted
+            if lifted < 2:
+                time.sleep(0.5)
+        assert lifted == 2
         assert not standby.tick(time.time()).acted  # the Lease is held: one replica acts
         assert real_cluster.wait_bound("a-0", team_a, SLOW) == elastic
         assert real_cluster.wait_bound("a-1", team_a, SLOW) == elastic
