@@ -75,15 +75,11 @@ def test_partitioner_recut_lets_a_waiting_pod_run(real_node: NodeSession, node_n
         agent = ["partition-agent", "--once", "--node-name", "real-node-0", *backend,
                  "--pod-resources-kubelet-socket", str(real_node.node.paths.pod_resources_socket)]
         once(real_node, "partition-agent-report", agent)  # reports the layout and what the pods hold
-        plan = None
-        for attempt in range(3):  # one pass in the last CI run wrote no plan (cause not yet established): see notes
-            once(real_node, f"partitioner-{attempt}", ["partitioner", "--once", "--batch-window-idle", "0",
-                                                       "--batch-window-timeout", "0", "--identity", "partitioner-0",
-                                                       "--lease-namespace", node_ns])
-            plan = (cluster.get("Node", "real-node-0")["metadata"].get("annotations") or {}).get(ann.SPEC_PLAN)
-            if plan:
-                break
-        assert plan, "the partitioner wrote no plan in three passes"
+        once(real_node, "partitioner", ["partitioner", "--once", "--batch-window-idle", "0",
+                                        "--batch-window-timeout", "0", "--identity", "partitioner-0",
+                                        "--lease-namespace", node_ns])
+        plan = until(lambda: (real_node.real.admin.get("Node", "real-node-0")["metadata"].get("annotations")
+                              or {}).get(ann.SPEC_PLAN), "the partitioner's plan on the Node")
         once(real_node, "partition-agent-apply", agent)  # applies the plan
         assert cluster.get("Node", "real-node-0")["metadata"]["annotations"][ann.STATUS_PLAN] == plan
         wait_phase(cluster, wanted, node_ns)
