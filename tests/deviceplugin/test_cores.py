@@ -101,6 +101,20 @@ def test_distributed_spreads_and_packed_fills(gpus: Any) -> None:
     assert [devices_by_id_gpu(devices, i) for i in packed] == [0, 0]
 
 
+def test_mig_picks_take_the_lowest_free_start_whatever_the_kubelets_order(node: Any) -> None:
+    gpu = node.gpu(0, mig_enabled=True)
+    migs = [node.mig(gpu, 7 + start, "1g.10gb", 19, start, 1, 9856) for start in range(7)]
+    devices = devices_by_resource([gpu], {0: migs}, {"version": "v1", "flags": {"migStrategy": "mixed"}})[
+        "nvidia.com/mig-1g.10gb"]
+    start_of = {d.id: d.mig.start for d in devices}
+    for order in (list(start_of), list(reversed(start_of)), [list(start_of)[i] for i in (5, 1, 6, 3, 0, 4, 2)]):
+        # three pods, one at a time, each from what the previous left: starts 0, 1, 2 held, so 4-5 stays a 2g.20gb
+        held: list[str] = []
+        for _ in range(3):
+            held += preferred_allocation(devices, [i for i in order if i not in held], [], 1)
+        assert [start_of[i] for i in held] == [0, 1, 2]
+
+
 def devices_by_id_gpu(devices: list[Any], device_id: str) -> int:
     return int(next(d.gpu_index for d in devices if d.id == device_id))
 

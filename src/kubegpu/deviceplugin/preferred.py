@@ -109,7 +109,9 @@ def greedy_shared(
     """Pick replicas / MIG devices one at a time by how loaded their physical GPU already is.
 
     `distributed` prefers the GPU with the fewest allocated devices, `packed` the most; ties go to the GPU
-    this call has taken fewer picks from, which rotates across GPUs.
+    this call has taken fewer picks from, which rotates across GPUs. Within a GPU the lowest MIG start (then
+    replica) goes first, whatever order the kubelet lists the IDs in (a Go map's: random): small instances taken
+    from the low end leave the high end contiguous for the larger placements a re-cut can make there.
     """
     if policy not in SHARED_POLICIES:
         raise PreferenceError(f"unknown shared devices allocation policy {policy!r}")
@@ -135,7 +137,7 @@ def greedy_shared(
             key=lambda i: (
                 sign * (total.get(candidates[i].gpu_index, 0) - free.get(candidates[i].gpu_index, 0)),
                 picks.get(candidates[i].gpu_index, 0),
-                i,
+                _position(candidates[i]),
             ),
         )
         device = candidates.pop(best)
@@ -143,6 +145,12 @@ def greedy_shared(
         picks[device.gpu_index] = picks.get(device.gpu_index, 0) + 1
         chosen.append(device.id)
     return chosen
+
+
+def _position(device: AnnotatedDevice) -> tuple[int, int, int, str]:
+    """Where a device sits on its GPU: the order ties are broken in, independent of the kubelet's list order."""
+    start = device.mig.start if device.mig is not None else -1
+    return device.gpu_index, start, device.replica or 0, device.id
 
 
 def preferred_allocation(
