@@ -187,6 +187,7 @@ class _Run:
     duals: Vector
     status: str
     consistent: bool = True  # the solution's recomputed objective matches the one HiGHS reports
+    also: float = -math.inf  # a relaxation's bound on another objective, from its scaled duals (see `_run`)
 
 
 @dataclass
@@ -281,9 +282,14 @@ class Lexicographic:
         if known is not None and steerable:
             # the relaxation of the combined objective first: when it reaches the stage's known bound (every pod
             # served), that bound is the relaxation's too, and the stage's own relaxation is not needed
-            steered = self._run(cost * spread + then, lower, upper, False, until())
+            steered = self._run(cost * spread + then, lower, upper, False, until(), also=(cost, spread))
             if steered.kind == "optimal" and steered.x is not None and float(cost @ steered.x) <= known + 1e-6:
                 relaxed = _Run("optimal", steered.x, known, known, np.zeros(0), steered.status)
+            elif steered.kind == "optimal" and steered.x is not None and math.isfinite(steered.also):
+                # bounded by the combined relaxation's duals, scaled back: within one unit of this stage's own
+                # relaxation, and often as good once rounded; that one is solved only when it is needed
+                relaxed = _Run("optimal", steered.x, float(cost @ steered.x), steered.also, np.zeros(0),
+                               steered.status)
         if relaxed is None:
             relaxed = self._run(cost, lower, upper, False, until())
         if relaxed.kind == "optimal" and relaxed.x is not None:
@@ -334,8 +340,13 @@ class Lexicographic:
                     return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and best <= proven + 1e-9:
                 return _Step(incumbent, StageResult(name, best, best, True), "optimal")
-            if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: duals wanted
+            if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: its own wanted
                 relaxed = self._run(cost, lower, upper, False, until())
+                if relaxed.kind == "optimal":
+                    bound = max(bound, relaxed.bound)
+                    proven = math.ceil(bound - 1e-9)
+                    if best <= proven + 1e-9:
+                        return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and relaxed.kind == "optimal" and len(relaxed.duals):
                 lower, upper = _fixed(lower, upper, relaxed.duals, bound, best)
         if time.perf_counter() >= until():
@@ -371,10 +382,12 @@ class Lexicographic:
         return _Step(incumbent, StageResult(name, best, best if optimal else bound, optimal), text)
 
     def _run(self, cost: Vector, lower: Vector, upper: Vector, integer: bool, deadline: float,
-             start: Vector | None = None) -> _Run:
+             start: Vector | None = None, also: tuple[Vector, float] | None = None) -> _Run:
         """One HiGHS run, the relaxation or the integer program, with these column bounds, stopped at the
         deadline. Columns whose bounds meet are substituted into the rows first, so HiGHS only sees the columns
-        still to decide (on a fixed model, a small fraction)."""
+        still to decide (on a fixed model, a small fraction). `also` (another objective and a divisor): a
+        relaxation also bounds that objective with its duals divided by the divisor (any multipliers give a valid
+        bound, see `_dual_bound`)."""
         free = lower < upper
         x = lower.copy()
         rows = np.repeat(np.arange(len(self.row_lower)), np.diff(self.starts))
@@ -423,6 +436,7 @@ class Lexicographic:
         values = np.array(solution.col_value, dtype=np.float64)
         x[free] = np.round(values) if integer else values
         duals = np.zeros(self.columns)
+        other_bound = -math.inf
         value = float(cost @ x)
         bound = float(info.mip_dual_bound) if integer else value
         if not integer:
@@ -433,9 +447,14 @@ class Lexicographic:
             # the larger of the bound from the duals and the solver's value less its tolerances (the former is
             # the tighter one on large weighted objectives, the latter where many duals are large)
             bound = max(value - 1e-4 - 1e-9 * abs(value), offset + from_duals)
+            if also is not None:
+                other, divisor = also
+                other_bound = float(other[~free] @ x[~free]) + _dual_bound(
+                    other[free], lower[free], upper[free], row_lower, row_upper,
+                    np.array(solution.row_dual, dtype=np.float64) / divisor, rows[moving], index, self.value[moving])
         reported = float(info.objective_function_value)
         consistent = not integer or abs(value - reported) <= 0.5
-        return _Run(outcome, x, value, bound, duals, text, consistent)
+        return _Run(outcome, x, value, bound, duals, text, consistent, other_bound)
 
 
 def _dual_bound(cost: Vector, lower: Vector, upper: Vector, row_lower: Vector, row_upper: Vector, dual: Vector,
