@@ -1,6 +1,7 @@
-"""Karpenter beside kubegpu in the same run: its scheduling algorithm against our provisioning pass.
+"""Karpenter beside kubegpu in the same run: its scheduling algorithm against our provisioning pass, and end to end.
 
-    python benchmarks/karpenter.py [--quick] [--sizes 500,2000,5000] [--benchtime 3x]
+    python benchmarks/karpenter.py [--quick] [--sizes 500,2000,5000] [--iterations 2]
+    python benchmarks/karpenter.py --e2e [--pods 500,2000] [--trials 2] [--cpu-share 0.2] [--keep-logs DIR]
 
 Karpenter is pinned in the Go tools module `test/karpenter` (sigs.k8s.io/karpenter v1.14.1). Its own scheduling
 benchmark (`BenchmarkScheduling<N>` in pkg/controllers/provisioning/scheduling, build tag `test_performance`:
@@ -17,9 +18,14 @@ the same). Ours is one Python process. The label values of the constrained kinds
 random label values per pod; the mirror gives each kind one app label), so node counts are comparable in size,
 not identical.
 
-Not in this script (yet): the end-to-end comparison on fresh real control planes (Karpenter's kwok provider and
-`kubegpu autoscaler`, same instance-type JSON, same burst; ../shared/reference/karpenter-kwok.md has every setting
-Karpenter needed) — each trial takes minutes per 500 pods.
+`--e2e`: the end-to-end comparison on fresh real control planes (`benchmarks/karpenter_e2e.py`): Karpenter's kwok
+provider (`sigs.k8s.io/karpenter/kwok`, built once from the same tools module into
+`~/.cache/kubegpu/karpenter/v1.14.1/karpenter-kwok`, its CRDs beside it) and `kubegpu autoscaler --provider kwok`,
+the same instance-types JSON (the shipped catalogue), the same burst of pending pods (per 10 GPU pods 4 x 1 GPU, 3 x 2,
+2 x 4, 1 x 8, with CPU and memory; `--cpu-share` adds CPU-only pods), A/B/A/B, consolidation off in both. Printed:
+seconds until kube-scheduler has bound every pod, first pod bound, NodeClaims launched and empty, price per hour,
+each autoscaler's CPU seconds and peak RSS, control-plane CPU, and kubegpu / Karpenter for each. Each trial takes
+minutes per 500 pods on a small machine.
 """
 
 from __future__ import annotations
@@ -32,14 +38,20 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.provisioning import _pool, cpu_pods
 from kubegpu.autoscaler.catalog import fake_instance_types
 from kubegpu.autoscaler.provisioner import run_pass
+
+if TYPE_CHECKING:
+    from benchmarks.karpenter_e2e import Trial
 
 VERSION = "v1.14.1"
 MODULE = Path(__file__).resolve().parents[1] / "test" / "karpenter"
@@ -102,12 +114,135 @@ def kubegpu_pods_per_second(size: int, iterations: int, seed: int = 42) -> tuple
     return size * iterations / wall, size * iterations / cpu, nodes
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.0f}–{max(values):.0f} s" if values else "–"
+
+
+def table(trials: list[Trial]) -> list[str]:
+    """Markdown: per size, kubegpu | Karpenter | kubegpu / Karpenter, means over the trials."""
+    sizes = sorted({t.pods for t in trials})
+    header, rule = "| |", "|---|"
+    for size in sizes:
+        header += f" kubegpu {size:,} | Karpenter {size:,} | kubegpu / Karpenter |"
+        rule += "---|---|---|"
+    rows = [header, rule]
+
+    def row(label: str, cell: Callable[[list[Trial]], tuple[str, float]]) -> None:
+        line = f"| {label} |"
+        for size in sizes:
+            ours = cell([t for t in trials if t.pods == size and t.system == "kubegpu"])
+            theirs = cell([t for t in trials if t.pods == size and t.system == "karpenter"])
+            ratio = f"{ours[1] / theirs[1]:.2f}×" if theirs[1] and theirs[1] == theirs[1] else "–"
+            line += f" {ours[0]} | {theirs[0]} | {ratio} |"
+        rows.append(line)
+
+    def timed(ts: list[Trial]) -> list[Trial]:
+        return [t for t in ts if t.all_bound_s == t.all_bound_s]
+
+    row("trials (all pods bound)", lambda ts: (f"{len(ts)} ({len(timed(ts))})", float(len(ts))))
+    row("seconds until every pod is bound", lambda ts: (f"{_mean([t.all_bound_s for t in timed(ts)]):.1f}",
+                                                        _mean([t.all_bound_s for t in timed(ts)])))
+    row("first pod bound after", lambda ts: (_span([t.first_bound_s for t in ts if t.first_bound_s > 0]),
+                                             _mean([t.first_bound_s for t in ts])))
+    row("NodeClaims launched", lambda ts: (f"{_mean([t.launched for t in ts]):.0f}", _mean([t.launched for t in ts])))
+    row("NodeClaims empty at the end", lambda ts: (f"{_mean([t.empty for t in ts]):.1f}",
+                                                   _mean([t.empty for t in ts])))
+    row("price per hour (non-empty nodes)", lambda ts: (
+        f"${_mean([t.price for t in ts]):,.0f} (${_mean([t.price_used for t in ts]):,.0f})",
+        _mean([t.price for t in ts])))
+    row("autoscaler CPU seconds", lambda ts: (f"{_mean([t.cpu_s for t in ts]):.1f}", _mean([t.cpu_s for t in ts])))
+    row("autoscaler peak RSS", lambda ts: (f"{_mean([t.rss_mib for t in ts]):.0f} MiB",
+                                           _mean([t.rss_mib for t in ts])))
+    def component_cpu(name: str) -> Callable[[list[Trial]], tuple[str, float]]:
+        def cell(ts: list[Trial]) -> tuple[str, float]:
+            mean = _mean([t.plane_cpu.get(name, 0.0) for t in ts])
+            return f"{mean:.1f}", mean
+        return cell
+
+    for component in ("kube-apiserver", "kube-scheduler"):
+        row(f"{component} CPU seconds", component_cpu(component))
+    row("pods lost (deleted after binding)", lambda ts: (f"{sum(t.lost for t in ts)}", float(sum(t.lost for t in ts))))
+    return rows
+
+
+NOT_COMPARABLE = """\
+Not comparable, stated plainly:
+- kubegpu's simulated nodes publish their GPUs one pass after registration (as a real device plugin would: its
+  DaemonSet pod cannot run before); Karpenter's kwok nodes carry their GPUs from creation. Both register at once
+  (registration delay 0).
+- Karpenter is one Go process using every core; kubegpu's autoscaler is one Python process. Both share this machine
+  with the control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok) and the benchmark.
+- "Empty at the end" is read after the settle time; with consolidation off Karpenter never removes a node, while
+  kubegpu may delete a claim that ends up without pods before that reading.
+- Autoscaler CPU seconds are read when the last pod is bound and include process start (Python imports, Go runtime);
+  peak RSS is the process's high-water mark (VmHWM) at the end.
+- Pods lost: pods deleted after binding (kube-controller-manager's taint eviction racing the unregistered taint,
+  kubernetes#119862); they count as bound for the timing."""
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    """The `--e2e` entry point: A/B/A/B trials per size, a table, the caveats."""
+    from benchmarks.karpenter_e2e import SYSTEMS, kwok_binary, price_table, run_trial, write_types
+
+    sizes = [int(s) for s in args.pods.split(",")]
+    if any(s <= 0 for s in sizes) or args.trials <= 0:
+        raise SystemExit("error: --pods and --trials: positive whole numbers")
+    binary = kwok_binary(CACHE, MODULE, VERSION)
+    keep = Path(args.keep_logs).resolve() if args.keep_logs else None
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    trials: list[Trial] = []
+    with tempfile.TemporaryDirectory(prefix="kubegpu-e2e-types-") as scratch:
+        types_file = Path(scratch) / "instance-types.json"
+        prices = price_table(write_types(types_file))
+        say(f"end to end, Karpenter {VERSION} (kwok provider) vs kubegpu autoscaler (kwok provider): "
+            f"{len(prices) // 8} instance types, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+            f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}")
+        for size in sizes:
+            for index in range(args.trials):
+                for system in SYSTEMS:  # A/B/A/B
+                    say(f"{system}, {size} pods, trial {index + 1}/{args.trials}")
+                    timeout = args.timeout or 300.0 + 0.6 * size
+                    trial = run_trial(system, size, args.cpu_share, types_file, binary, prices, timeout,
+                                      args.settle, keep, say)
+                    trials.append(trial)
+                    say(f"  all bound after {trial.all_bound_s:.1f}s; {trial.launched} claims launched, "
+                        f"{trial.empty} empty; ${trial.price:,.0f}/h (${trial.price_used:,.0f}/h used); "
+                        f"CPU {trial.cpu_s:.1f}s, RSS {trial.rss_mib:.0f} MiB; lost {trial.lost}; "
+                        f"load {trial.load[0]:.2f} -> {trial.load[1]:.2f}")
+    say("")
+    for line in table(trials):
+        say(line)
+    say("")
+    say(NOT_COMPARABLE)
+    say(f"(load average {os.getloadavg()[0]:.2f} at the end)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="500 pods only")
     parser.add_argument("--sizes", default=None, help=f"comma-separated, each one of {KARPENTER_SIZES}")
     parser.add_argument("--iterations", type=int, default=None, help="timed solves per size (default 2; --quick 1)")
+    e2e = parser.add_argument_group("end to end on the real control plane (--e2e)")
+    e2e.add_argument("--e2e", action="store_true", help="run the end-to-end A/B instead of the scheduling benchmark")
+    e2e.add_argument("--pods", default="500", help="comma-separated burst sizes (default 500)")
+    e2e.add_argument("--trials", type=int, default=1, help="trials per autoscaler and size (default 1)")
+    e2e.add_argument("--cpu-share", type=float, default=0.0, help="share of CPU-only pods, 0..1 in tenths")
+    e2e.add_argument("--settle", type=float, default=10.0, help="seconds after the last bind before counting claims")
+    e2e.add_argument("--timeout", type=float, default=None, help="seconds a trial may take (default 300 + 0.6/pod)")
+    e2e.add_argument("--keep-logs", default=None, help="copy each trial's component logs under this directory")
     args = parser.parse_args()
+    if args.e2e:
+        if not 0.0 <= args.cpu_share <= 1.0:
+            raise SystemExit(f"error: --cpu-share: must be from 0 to 1, got {args.cpu_share}")
+        return run_e2e(args)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([500] if args.quick else [500, 1000, 2000])
     bad = [s for s in sizes if s not in KARPENTER_SIZES]
     if bad:

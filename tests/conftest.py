@@ -134,6 +134,7 @@ def real_node(k8s_binaries: Path, request: pytest.FixtureRequest) -> Iterator[No
             pytest.fail(f"real node left behind: {'; '.join(left)}", pytrace=False)
         if request.session.testsfailed:
             print(f"\nreal node logs kept in {directory / 'logs'}")
+            _print_device_manager_lines(directory / "logs" / "kubelet.log")
         else:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -147,3 +148,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.apiserver)
         if "real_node" in fixtures:
             item.add_marker(pytest.mark.kubelet)
+
+
+def _print_device_manager_lines(kubelet_log: Path, count: int = 40) -> None:
+    """The kubelet's last device-plugin lines: where a CI run's node-tier failure starts (its logs stay there)."""
+    if not kubelet_log.exists():
+        return
+    lines = [line for line in kubelet_log.read_text(errors="replace").splitlines()
+             if "plugin" in line.lower() or "devicemanager" in line.lower()]
+    print("\n".join([f"kubelet device-plugin lines (last {count}):", *lines[-count:]]))

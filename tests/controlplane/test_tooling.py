@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -219,3 +220,22 @@ def test_missing_binaries_skip_locally_and_fail_in_ci(monkeypatch: pytest.Monkey
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="real control plane unavailable in CI: not built"):
         _control_plane_unavailable("not built")
+
+
+def test_a_socket_in_the_plugin_directory_is_traced_to_its_process() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="kg-dp-", dir="/tmp"))  # a Unix socket path stays short
+    listener = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen();"
+        " print('up', flush=True); time.sleep(60)"), str(directory / "nvidia-gpu.sock")], stdout=subprocess.PIPE)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == b"up\n"
+        owners = processes.unix_socket_owners(directory)
+        assert [(path.name, pid) for path, pid, _ in owners] == [("nvidia-gpu.sock", listener.pid)]
+        assert processes.parent_pid(listener.pid) == os.getpid()
+        assert processes.stop_orphans_serving(directory) == owners  # not an orphan: named, left running
+        assert listener.poll() is None
+    finally:
+        listener.kill()
+        listener.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    assert processes.unix_socket_owners(directory) == []

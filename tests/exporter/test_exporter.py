@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 import socket
 import urllib.request
@@ -173,6 +174,14 @@ def test_scrape_serves_the_snapshot_with_dcgm_counter_headers(mig_node: Simulate
         assert [s.value for s in util.samples if s.labels["gpu"] == "1"] == [33.0]
         request = urllib.request.Request(f"{base}/metrics", headers={"Accept": "application/openmetrics-text"})
         assert urllib.request.urlopen(request).read().decode().rstrip().endswith("# EOF")
+        # Prometheus asks for gzip: the same bytes compressed (once per collection); q=0 refuses it
+        zipped = urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers={
+            "Accept-Encoding": "gzip, deflate"}))
+        assert zipped.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(zipped.read()).decode() == body
+        refused = urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers={
+            "Accept-Encoding": "identity, gzip;q=0"}))
+        assert refused.headers["Content-Encoding"] is None and refused.read().decode() == body
     finally:
         server.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 import threading
 import time
@@ -112,26 +113,43 @@ INDEX_PAGE = b"""<html><head><title>kubegpu exporter</title></head>
 """
 
 
+def accepts_gzip(values: list[str]) -> bool:
+    """Whether Accept-Encoding allows gzip: `gzip` or `*` listed without `q=0`."""
+    for part in ",".join(values).split(","):
+        coding, *params = (item.strip().lower() for item in part.split(";"))
+        if coding in ("gzip", "*"):
+            weights = [p.removeprefix("q=") for p in params if p.startswith("q=")]
+            try:
+                return not weights or float(weights[0]) > 0
+            except ValueError:
+                return False
+    return False
+
+
 def make_routes(exporter: Exporter) -> dict[str, Handler]:
     """`/metrics`, `/health` and `/`, as dcgm-exporter serves them."""
-    rendered: dict[str, tuple[int, bytes]] = {}
+    rendered: dict[tuple[str, bool], tuple[int, bytes]] = {}
 
-    def render(encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
-        """Everything in the registry changes only when a collection finishes, so each format is rendered once per
-        collection and every scrape in between is served the same bytes."""
+    def render(encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzipped: bool) -> bytes:
+        """Everything in the registry changes only when a collection finishes, so each format (and its gzip, which
+        Prometheus asks for) is rendered once per collection and every scrape in between is served the same bytes."""
         generation = exporter.generation
-        cached = rendered.get(content_type)
+        cached = rendered.get((content_type, gzipped))
         if cached is None or cached[0] != generation:
-            if content_type.startswith("text/plain"):
+            if gzipped:
+                body = gzip.compress(render(encoder, content_type, False), compresslevel=6, mtime=0)
+            elif content_type.startswith("text/plain"):
                 body = render_text(exporter.registry.collect())  # dcgm-exporter's label order and counter names
             else:
                 body = encoder(exporter.registry)
-            cached = rendered[content_type] = (generation, body)
+            cached = rendered[(content_type, gzipped)] = (generation, body)
         return cached[1]
 
     async def metrics(request: web.BaseRequest) -> web.StreamResponse:
         encoder, content_type = choose_encoder(",".join(request.headers.getall("Accept", [])))
-        return web.Response(body=render(encoder, content_type), headers={"Content-Type": content_type})
+        gzipped = accepts_gzip(request.headers.getall("Accept-Encoding", []))
+        headers = {"Content-Type": content_type, **({"Content-Encoding": "gzip"} if gzipped else {})}
+        return web.Response(body=render(encoder, content_type, gzipped), headers=headers)
 
     async def health(request: web.BaseRequest) -> web.StreamResponse:
         if exporter.healthy():

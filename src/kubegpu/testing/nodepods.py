@@ -249,7 +249,10 @@ class Agent:
                                    f"{self.log()[-800:]}")
             return text in self.log()
 
-        wait_for(check, f"{text!r} in {self.log_path}", timeout, interval=0.1)
+        try:
+            wait_for(check, f"{text!r} in {self.log_path}", timeout, interval=0.1)
+        except WaitTimeout as exc:  # what the agent did say is the first thing to read in a CI log
+            raise WaitTimeout(f"{exc}; its log ends: {self.log()[-1500:]!r}") from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -102,3 +102,47 @@ def _wait_gone(pid: int, binary: str, deadline: float) -> None:
     while is_ours(pid, binary) and time.monotonic() < deadline:
         reap(pid)
         time.sleep(0.05)
+
+
+def unix_socket_owners(directory: Path) -> list[tuple[Path, int, str]]:
+    """(socket path, pid, command line) for each Unix socket bound under `directory` and held open by a process:
+    /proc/net/unix names the bound path and inode, /proc/PID/fd links to `socket:[inode]`."""
+    inodes: dict[str, Path] = {}
+    with contextlib.suppress(OSError), open("/proc/net/unix") as table:
+        for line in table.readlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7].startswith(f"{directory}/"):
+                inodes[parts[6]] = Path(parts[7])
+    owners = []
+    for entry in os.listdir("/proc") if inodes else []:
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                inode = target[len("socket:["):-1] if target.startswith("socket:[") else ""
+                if inode in inodes:
+                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    owners.append((inodes[inode], int(entry), cmdline))
+    return owners
+
+
+def parent_pid(pid: int) -> int | None:
+    """The process's parent (None when it is gone): 1 for an orphan whose starter died without stopping it."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_orphans_serving(directory: Path, marker: str = "kubegpu") -> list[tuple[Path, int, str]]:
+    """Stop the orphaned processes (parent 1, `marker` in the command line: an agent whose test run was killed)
+    that serve a Unix socket under `directory`; returns the other owners, which are not ours to stop."""
+    foreign = []
+    for path, pid, cmdline in unix_socket_owners(directory):
+        if parent_pid(pid) == 1 and marker in cmdline:
+            log.warning("stopping an orphaned process serving %s (pid %d: %s)", path, pid, cmdline)
+            stop(pid, cmdline.split()[0], "orphan")
+        else:
+            foreign.append((path, pid, cmdline))
+    return foreign

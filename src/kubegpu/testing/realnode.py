@@ -46,6 +46,7 @@ from kubegpu.testing.nodeconfig import (
     kubelet_args,
     kubelet_config,
 )
+from kubegpu.testing.processes import stop_orphans_serving
 
 if TYPE_CHECKING:
     from kubegpu.testing.controlplane import _Launcher
@@ -159,7 +160,11 @@ def preflight(directory: Path, gpus: str) -> int:
     reason = unavailable_reason()
     if reason:
         raise RealNodeError(reason)
-    return _acquire_lock(directory)
+    fd = _acquire_lock(directory)
+    for path, pid, cmdline in stop_orphans_serving(DEVICE_PLUGIN_DIR):  # would register with our kubelet
+        os.close(fd)
+        raise RealNodeError(f"{path}: served by pid {pid} ({cmdline}); stop it before a real node starts here")
+    return fd
 
 
 def start(launcher: _Launcher, lock_fd: int, kubeconfig: Path, ca_cert: Path, feature_gates: list[str],

@@ -4,7 +4,9 @@ Lexicographic: each stage minimises its own objective; before the next stage run
 stage reached, and the stage starts from the previous stage's solution (so every stage after the first has an
 incumbent and the plan can only get better). All objective coefficients are integers, so an absolute gap under 1
 is optimal.
-The whole run shares one deadline; a stage stopped by it returns its best solution and the run ends there.
+The whole run shares one deadline; a stage stopped by it returns its best solution and the run ends there. A run
+with no solution yet may have a later, grace deadline for its first stage: finding any solution of a large model
+(often the optimum, proven at the root) costs a fraction of what the fallback to a greedy would.
 
 A stage is solved in up to three steps, each exact:
   1. The linear relaxation (a few tens of milliseconds on the planner's largest models). Its optimum bounds the
@@ -193,8 +195,11 @@ class Lexicographic:
         self.index = np.array(solver.index, dtype=np.int32)
         self.value = np.array(solver.value, dtype=np.float64)
 
-    def run(self, start: list[float] | None, deadline: float) -> Outcome:
+    def run(self, start: list[float] | None, deadline: float, grace: float | None = None) -> Outcome:
+        """Solve the stages in order until `deadline`; while no solution is known (no start, and the first stage
+        has found none yet) the run may go on until `grace` (a later deadline) to find one."""
         values = None if start is None else np.array(start, dtype=np.float64)
+        final = deadline
         outcome = Outcome(start, "optimal", stages=len(self.stages))
         if self.columns == 0:  # nothing to decide (HiGHS calls an empty model "Empty", not optimal)
             outcome.values = []
@@ -202,6 +207,7 @@ class Lexicographic:
             return outcome
         for stage in self.stages:
             cost = self._cost(stage)
+            deadline = final if values is not None or grace is None else max(final, grace)
             if time.perf_counter() >= deadline:
                 outcome.status = f"time limit reached before the {stage.name} stage"
                 break
@@ -211,7 +217,8 @@ class Lexicographic:
                     outcome.results.append(StageResult(stage.name, value, value, True))
                     self._keep(cost, value)
                     continue
-            step = self._stage(stage.name, cost, values, deadline, self._cost(Stage("", stage.then)))
+            step = self._stage(stage.name, cost, values, (deadline, final), self._cost(Stage("", stage.then)),
+                               stage.known)
             if step.values is None or step.result is None:  # no feasible solution: keep the previous stage's
                 outcome.status = step.status
                 break
@@ -240,12 +247,29 @@ class Lexicographic:
         self.value = np.concatenate([self.value, cost[columns]])
         self.starts = np.append(self.starts, np.int32(len(self.index)))
 
-    def _stage(self, name: str, cost: Vector, start: Vector | None, deadline: float, then: Vector) -> _Step:
+    def _stage(self, name: str, cost: Vector, start: Vector | None, deadlines: tuple[float, float], then: Vector,
+               known: float | None = None) -> _Step:
+        """One stage (see module doc); `deadlines`: the one while no solution is known (a grace one), the one
+        after."""
         incumbent = start
+
+        def until() -> float:
+            return deadlines[0] if incumbent is None else min(deadlines)
+
         best = math.inf if start is None else float(cost @ start)
         lower, upper = self.lower, self.upper
         bound = -math.inf
-        relaxed = self._run(cost, lower, upper, False, deadline)
+        spread = float(np.abs(then) @ (self.upper - self.lower)) + 1.0
+        steerable = bool(then.any()) and spread * float(np.abs(cost).max(initial=0.0)) < _EXACT
+        steered = relaxed = None
+        if known is not None and steerable:
+            # the relaxation of the combined objective first: when it reaches the stage's known bound (every pod
+            # served), that bound is the relaxation's too, and the stage's own relaxation is not needed
+            steered = self._run(cost * spread + then, lower, upper, False, until())
+            if steered.kind == "optimal" and steered.x is not None and float(cost @ steered.x) <= known + 1e-6:
+                relaxed = _Run("optimal", steered.x, known, known, np.zeros(0), steered.status)
+        if relaxed is None:
+            relaxed = self._run(cost, lower, upper, False, until())
         if relaxed.kind == "optimal" and relaxed.x is not None:
             bound = relaxed.value
             proven = math.ceil(bound - 1e-4 - 1e-9 * abs(bound))  # the objective is integral
@@ -263,16 +287,16 @@ class Lexicographic:
             # stage's objective, then the next one's (scaled so that one unit here outweighs the next objective's
             # whole range over the column bounds), around a relaxation of that combined objective: the next stage
             # then starts from a good incumbent.
-            spread = float(np.abs(then) @ (self.upper - self.lower)) + 1.0
             guided, around = cost, relaxed.x
-            if then.any() and spread * float(np.abs(cost).max(initial=0.0)) < _EXACT:
+            if steerable:
                 guided = cost * spread + then
-                steered = self._run(guided, lower, upper, False, deadline)
+                if steered is None:
+                    steered = self._run(guided, lower, upper, False, until())
                 if steered.kind == "optimal" and steered.x is not None:
                     around = steered.x
             rounded = np.round(around)
             for neighbourhood in ("support", "disagreement", "union"):
-                if time.perf_counter() >= deadline or (neighbourhood != "support" and incumbent is None):
+                if time.perf_counter() >= until() or (neighbourhood != "support" and incumbent is None):
                     break
                 around_incumbent = neighbourhood != "support"
                 if neighbourhood == "disagreement":
@@ -283,7 +307,7 @@ class Lexicographic:
                     agree = (around <= lower + _INTEGRAL) & (relaxed.x <= lower + _INTEGRAL) & (incumbent <= lower)
                 else:
                     agree = around <= lower + _INTEGRAL
-                left = deadline - time.perf_counter()
+                left = until() - time.perf_counter()
                 dive = self._run(guided, np.where(agree, rounded, lower), np.where(agree, rounded, upper), True,
                                  time.perf_counter() + _DIVE_SHARE * left, incumbent if around_incumbent else None)
                 if dive.x is not None and dive.consistent and (
@@ -294,19 +318,21 @@ class Lexicographic:
                     return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and best <= proven + 1e-9:
                 return _Step(incumbent, StageResult(name, best, best, True), "optimal")
-            if incumbent is not None:
+            if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: duals wanted
+                relaxed = self._run(cost, lower, upper, False, until())
+            if incumbent is not None and relaxed.kind == "optimal" and len(relaxed.duals):
                 lower, upper = _fixed(lower, upper, relaxed.duals, bound, best)
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= until():
             if incumbent is None:
                 return _Step(None, None, f"time limit reached in the {name} stage")
             return _Step(incumbent, StageResult(name, best, bound, False), f"{name} stage: Time limit reached")
         seed = incumbent if incumbent is not None and np.all(incumbent >= lower) and np.all(incumbent <= upper) \
             else None
-        run = self._run(cost, lower, upper, True, deadline, seed)
+        run = self._run(cost, lower, upper, True, until(), seed)
         if seed is not None and not run.consistent:
             # HiGHS 1.16 with a start solution and presolve can report the better objective it found but hand
             # back the start's columns; solve the stage again without the start when that happens.
-            run = self._run(cost, lower, upper, True, deadline)
+            run = self._run(cost, lower, upper, True, until())
         if not run.consistent:
             return _Step(None, None, f"{name} stage: the solver returned an inconsistent solution")
         fixed = lower is not self.lower

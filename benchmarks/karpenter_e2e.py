@@ -1,0 +1,414 @@
+"""End to end beside Karpenter on the real control plane: `python benchmarks/karpenter.py --e2e` (see there).
+
+Each trial starts a FRESH control plane (`kubegpu.testing.controlplane.up`, no nodes: what
+`scripts/control-plane.sh up DIR --nodes 0` does), installs one autoscaler and its objects, creates the same burst of
+pending pods, and measures until kube-scheduler (the real one, default profile) has bound every pod:
+
+- Karpenter: its kwok provider (`sigs.k8s.io/karpenter/kwok`, built from the pinned tools module into the cache),
+  its CRDs (copied from the module at build time), a KWOKNodeClass (`nodeRegistrationDelay: 0s`, status patched
+  Ready: nothing else sets it outside Karpenter's own test harness) and a NodePool (consolidation off, on-demand);
+  settings from ../shared/reference/karpenter-kwok.md.
+- kubegpu: its CRDs (deploy/crds), a NodePool (consolidation off, on-demand) and `kubegpu autoscaler --provider
+  kwok --registration-delay 0 --no-disruption`.
+
+Both read the SAME instance-types file: the shipped catalogue in the kwok JSON format, capacity type spelled
+`karpenter.sh/capacity-type` (the key Karpenter's kwok provider reads; kubegpu reads both spellings).
+Teardown after every trial: the autoscaler (SIGTERM, then SIGKILL), the control plane (`down`), the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightkube
+from lightkube import codecs
+from lightkube.generic_resource import create_global_resource
+from lightkube.operators import not_equal
+from lightkube.resources.core_v1 import Node, Pod
+
+from kubegpu.autoscaler.catalog import shipped_catalogue
+from kubegpu.autoscaler.instancetypes import to_kwok
+from kubegpu.files import write_durable
+from kubegpu.testing import controlplane
+from kubegpu.testing.controlplane import free_port
+from kubegpu.testing.kubeconfig import admin_client
+from kubegpu.testing.session import RealCluster, install_crds, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+KARPENTER_CAPACITY_KEY = "karpenter.sh/capacity-type"
+KUBEGPU_CAPACITY_KEY = "kubegpu.io/capacity-type"
+ZONE_KEY = "topology.kubernetes.io/zone"
+TYPE_KEY = "node.kubernetes.io/instance-type"
+GPU = "nvidia.com/gpu"
+GPU_CYCLE = (1, 1, 1, 1, 2, 2, 2, 4, 4, 8)  # per 10 GPU pods: 4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8
+CPU_ONLY = (("500m", "1Gi"), ("1", "2Gi"), ("2", "4Gi"), ("4", "8Gi"))
+POOL = "bench"
+NAMESPACE = "burst"
+SYSTEMS = ("kubegpu", "karpenter")
+KarpenterNodeClaim = create_global_resource("karpenter.sh", "v1", "NodeClaim", "nodeclaims")
+KarpenterNodePool = create_global_resource("karpenter.sh", "v1", "NodePool", "nodepools")
+KWOKNodeClass = create_global_resource("karpenter.kwok.sh", "v1alpha1", "KWOKNodeClass", "kwoknodeclasses")
+KubegpuNodeClaim = create_global_resource("kubegpu.io", "v1", "NodeClaim", "nodeclaims")
+
+
+# ------------------------------------------------------------------------------------------------ build and inputs
+
+
+def kwok_binary(cache: Path, module: Path, version: str) -> Path:
+    """Karpenter's kwok provider, built once from the pinned tools module; its CRDs copied beside it."""
+    binary, crds = cache / "karpenter-kwok", cache / "crds"
+    if binary.exists() and crds.is_dir():
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("error: Go is needed to build Karpenter's kwok provider (see docs/testing.md)")
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false"}
+    started = time.monotonic()
+    print(f"building Karpenter {version}'s kwok provider into {binary} (once; minutes)", flush=True)
+    partial = binary.with_suffix(".partial")
+    subprocess.run([go, "build", "-o", str(partial), "sigs.k8s.io/karpenter/kwok"], cwd=module, env=env, check=True)
+    source = Path(subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/karpenter"], cwd=module, env=env,
+                                 check=True, capture_output=True, text=True).stdout.strip())
+    crds.mkdir(exist_ok=True)
+    for path in [*(source / "pkg/apis/crds").glob("*.yaml"), *(source / "kwok/apis/crds").glob("*.yaml")]:
+        shutil.copyfile(path, crds / path.name)
+    os.replace(partial, binary)
+    print(f"built Karpenter's kwok provider in {time.monotonic() - started:.0f}s", flush=True)
+    return binary
+
+
+def instance_types() -> list[dict[str, Any]]:
+    """The shipped catalogue in kwok JSON, capacity type under Karpenter's key (the file both autoscalers read)."""
+    entries = to_kwok(shipped_catalogue())
+    for entry in entries:
+        for offering in entry["offerings"]:
+            for requirement in offering["Requirements"]:
+                if requirement["key"] == KUBEGPU_CAPACITY_KEY:
+                    requirement["key"] = KARPENTER_CAPACITY_KEY
+    return entries
+
+
+def price_table(entries: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """(instance type, zone, capacity type) -> $/h, from the same file."""
+    table = {}
+    for entry in entries:
+        for offering in entry["offerings"]:
+            keys = {r["key"]: r["values"][0] for r in offering["Requirements"]}
+            table[(entry["name"], keys[ZONE_KEY], keys[KARPENTER_CAPACITY_KEY])] = float(offering["Price"])
+    return table
+
+
+def burst(count: int, cpu_share: float = 0.0) -> list[dict[str, Any]]:
+    """`count` pending pods: in every 10, round(10 x cpu_share) CPU-only ones, the rest GPU pods in the issue's mix
+    (4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8 per 10 GPU pods), each asking 2 CPU and 8Gi per GPU."""
+    cpu_per_ten = round(10 * cpu_share)
+    pods, gpu_pods, cpu_pods = [], 0, 0
+    for i in range(count):
+        if i % 10 < cpu_per_ten:
+            cpu, memory = CPU_ONLY[cpu_pods % len(CPU_ONLY)]
+            cpu_pods += 1
+            resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+        else:
+            gpus = GPU_CYCLE[gpu_pods % len(GPU_CYCLE)]
+            gpu_pods += 1
+            resources = {"requests": {"cpu": str(2 * gpus), "memory": f"{8 * gpus}Gi", GPU: str(gpus)},
+                         "limits": {GPU: str(gpus)}}
+        pods.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"burst-{i:05d}", "namespace": NAMESPACE, "labels": {"app": "burst"}},
+                     "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                              "resources": resources}],
+                              "terminationGracePeriodSeconds": 0}})
+    return pods
+
+
+# ------------------------------------------------------------------------------------------------ the autoscalers
+
+
+@dataclass
+class Launched:
+    """One autoscaler process and what it needs torn down."""
+
+    process: subprocess.Popen[bytes]
+    claim_kind: Any
+    log: Path
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes], what: str, timeout: float = 60.0) -> None:
+    def answered() -> bool:
+        if process.poll() is not None:
+            raise SystemExit(f"error: {what} exited with status {process.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    wait_for(answered, f"{what} at {url}", timeout, interval=0.2)
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def start_karpenter(real: RealCluster, directory: Path, types_file: Path, binary: Path) -> Launched:
+    client = real.admin.client
+    install_crds(real, sorted((binary.parent / "crds").glob("*.yaml")))
+    client.create(KWOKNodeClass.from_dict({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+                                           "metadata": {"name": "default"},
+                                           "spec": {"nodeRegistrationDelay": "0s"}}))
+    generation = (client.get(KWOKNodeClass, "default").to_dict()["metadata"].get("generation")) or 1
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    client.patch(KWOKNodeClass.Status, "default", {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": now,
+         "observedGeneration": generation}]}}, patch_type=lightkube.types.PatchType.MERGE)
+    client.create(KarpenterNodePool.from_dict({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": POOL},
+        "spec": {"template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"},
+            "requirements": [{"key": KARPENTER_CAPACITY_KEY, "operator": "In", "values": ["on-demand"]}],
+            "expireAfter": "Never"}},
+            "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "Never"}}}))
+    health = free_port()
+    env = {**os.environ, "KUBECONFIG": str(real.kubeconfig), "DISABLE_LEADER_ELECTION": "true",
+           "METRICS_PORT": str(free_port()), "HEALTH_PROBE_PORT": str(health),
+           "INSTANCE_TYPES_FILE_PATH": str(types_file), "LOG_LEVEL": "info"}
+    log = directory / "logs" / "karpenter.log"
+    process = _spawn([str(binary)], env, log)
+    launched = Launched(process, KarpenterNodeClaim, log)
+    try:
+        _wait_http(f"http://127.0.0.1:{health}/readyz", process, "Karpenter")
+
+        def pool_ready() -> bool:
+            status = client.get(KarpenterNodePool, POOL).to_dict().get("status") or {}
+            return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+        wait_for(pool_ready, f"Karpenter NodePool {POOL} Ready", 60.0, interval=0.5)
+    except BaseException:
+        stop(launched)
+        raise
+    return launched
+
+
+def start_kubegpu(real: RealCluster, directory: Path, types_file: Path) -> Launched:
+    install_crds(real, sorted((ROOT / "deploy" / "crds").glob("*.yaml")))
+    real.admin.create({"apiVersion": "kubegpu.io/v1", "kind": "NodePool", "metadata": {"name": POOL},
+                       "spec": {"template": {"spec": {"requirements": [
+                           {"key": KUBEGPU_CAPACITY_KEY, "operator": "In", "values": ["on-demand"]}],
+                           "expireAfter": "Never"}},
+                           "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                                          "consolidateAfter": "Never"}}})
+    metrics = free_port()
+    env = {**os.environ, "KUBECONFIG": str(real.kubeconfig)}
+    log = directory / "logs" / "kubegpu-autoscaler.log"
+    process = _spawn([sys.executable, "-m", "kubegpu", "autoscaler", "--provider", "kwok", "--instance-types",
+                      str(types_file), "--registration-delay", "0", "--no-disruption", "--identity", "bench",
+                      "--metrics-address", f"127.0.0.1:{metrics}"], env, log)
+    launched = Launched(process, KubegpuNodeClaim, log)
+    try:
+        _wait_http(f"http://127.0.0.1:{metrics}/metrics", process, "kubegpu autoscaler")
+    except BaseException:
+        stop(launched)
+        raise
+    return launched
+
+
+def stop(launched: Launched) -> None:
+    """SIGTERM the autoscaler's process group, SIGKILL after 20 s; always reaps it."""
+    process = launched.process
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(20)
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process, from /proc (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def plane_cpu(directory: Path) -> dict[str, float]:
+    """CPU seconds of each control-plane component so far (DIR/pids lists them)."""
+    out: dict[str, float] = {}
+    for line in (directory / "pids").read_text().splitlines():
+        pid, name = line.split()[:2]
+        out[name] = out.get(name, 0.0) + cpu_seconds(int(pid))
+    return out
+
+
+@dataclass
+class Trial:
+    system: str
+    pods: int
+    all_bound_s: float = float("nan")
+    first_bound_s: float = float("nan")
+    launched: int = 0
+    claims: int = 0
+    empty: int = 0
+    lost: int = 0
+    price: float = 0.0
+    price_used: float = 0.0
+    cpu_s: float = 0.0
+    rss_mib: float = 0.0
+    plane_cpu: dict[str, float] = field(default_factory=dict)
+    load: tuple[float, float] = (0.0, 0.0)
+
+
+def _create_all(kubeconfig: Path, pods: list[dict[str, Any]], done: threading.Event,
+                errors: list[str]) -> None:
+    local = threading.local()
+
+    def create(manifest: dict[str, Any]) -> None:
+        if not hasattr(local, "client"):
+            local.client = admin_client(kubeconfig)
+        try:
+            local.client.create(codecs.from_dict(manifest))
+        except lightkube.ApiError as exc:
+            errors.append(f"create {manifest['metadata']['name']}: {exc}")
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, pods))
+    finally:
+        done.set()
+
+
+def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict[str, Any]],
+            prices: dict[tuple[str, str, str], float], timeout: float, settle: float,
+            say: Callable[[str], None]) -> None:
+    """Create the burst, wait until every pod is bound, then read claims, nodes and prices."""
+    client = real.admin.client
+    created, errors = threading.Event(), list[str]()
+    seen: set[str] = set()
+    started = time.monotonic()
+    creator = threading.Thread(target=_create_all, args=(real.kubeconfig, pods, created, errors), daemon=True)
+    creator.start()
+    deadline, next_claims = started + timeout, 0.0
+    while True:
+        now = time.monotonic()
+        if launched.process.poll() is not None:
+            raise SystemExit(f"error: {trial.system} exited with status {launched.process.returncode}; "
+                             f"log {launched.log}")
+        if now >= next_claims:
+            seen.update(c.to_dict()["metadata"]["name"] for c in client.list(launched.claim_kind))
+            next_claims = now + 3.0
+        if trial.first_bound_s != trial.first_bound_s:  # nan: nothing bound yet
+            if any(True for _ in client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": not_equal("")})):
+                trial.first_bound_s = time.monotonic() - started
+                say(f"  first pod bound after {trial.first_bound_s:.1f}s")
+        elif created.is_set() and not any(
+                True for _ in client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": ""})):
+            trial.all_bound_s = time.monotonic() - started
+            break
+        if now >= deadline:
+            say(f"  timed out after {timeout:.0f}s")
+            break
+        time.sleep(1.0)
+    creator.join()
+    if errors:
+        raise SystemExit(f"error: {len(errors)} pod(s) not created, e.g. {errors[0]}")
+    trial.cpu_s = cpu_seconds(launched.process.pid)
+    trial.plane_cpu = plane_cpu(real.plane.directory)
+    time.sleep(settle)  # what the autoscaler does right after the last bind (e.g. delete empty claims) counts
+    all_pods = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE)]
+    trial.lost = len(pods) - len(all_pods)
+    used_nodes = {(p.get("spec") or {}).get("nodeName") for p in all_pods} - {None, ""}
+    nodes = {n["metadata"]["name"]: n for n in (node.to_dict() for node in client.list(Node))}
+    claims = [c.to_dict() for c in client.list(launched.claim_kind)]
+    seen.update(c["metadata"]["name"] for c in claims)
+    trial.launched, trial.claims = len(seen), len(claims)
+    for claim in claims:
+        node_name = (claim.get("status") or {}).get("nodeName")
+        labels = {**((nodes.get(node_name) or {}).get("metadata", {}).get("labels") or {}),
+                  **(claim["metadata"].get("labels") or {})}
+        capacity = labels.get(KARPENTER_CAPACITY_KEY) or labels.get(KUBEGPU_CAPACITY_KEY) or ""
+        price = prices.get((labels.get(TYPE_KEY, ""), labels.get(ZONE_KEY, ""), capacity), 0.0)
+        trial.price += price
+        if node_name in used_nodes:
+            trial.price_used += price
+        else:
+            trial.empty += 1
+    trial.rss_mib = peak_rss_mib(launched.process.pid)
+
+
+def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binary: Path | None,
+              prices: dict[tuple[str, str, str], float], timeout: float, settle: float, keep: Path | None,
+              say: Callable[[str], None]) -> Trial:
+    """One fresh control plane, one autoscaler, one burst; everything torn down before returning."""
+    trial = Trial(system, count)
+    directory = Path(tempfile.mkdtemp(prefix=f"kubegpu-e2e-{system}-"))
+    launched: Launched | None = None
+    load_before = os.getloadavg()[0]
+    try:
+        plane = controlplane.up(directory, nodes=0)
+        real = RealCluster(plane)
+        real.admin.client.create(codecs.from_dict({"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": NAMESPACE}}))
+        wait_for(lambda: _has_default_account(real), f"ServiceAccount {NAMESPACE}/default")
+        if system == "karpenter":
+            assert binary is not None
+            launched = start_karpenter(real, directory, types_file, binary)
+        else:
+            launched = start_kubegpu(real, directory, types_file)
+        measure(real, launched, trial, burst(count, cpu_share), prices, timeout, settle, say)
+    finally:
+        if launched is not None:
+            stop(launched)
+        controlplane.down(directory)
+        if keep is not None:
+            shutil.copytree(directory / "logs", keep / f"{system}-{count}-{int(time.time())}", dirs_exist_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
+    trial.load = (load_before, os.getloadavg()[0])
+    return trial
+
+
+def _has_default_account(real: RealCluster) -> bool:
+    from lightkube.resources.core_v1 import ServiceAccount
+
+    try:
+        real.admin.client.get(ServiceAccount, "default", namespace=NAMESPACE)
+    except lightkube.ApiError:
+        return False
+    return True
+
+
+def write_types(path: Path) -> list[dict[str, Any]]:
+    entries = instance_types()
+    write_durable(path, json.dumps(entries, indent=1) + "\n")
+    return entries

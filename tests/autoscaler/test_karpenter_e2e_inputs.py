@@ -1,0 +1,61 @@
+"""What benchmarks/karpenter_e2e.py feeds both autoscalers: one instance-types file that both read as the shipped
+catalogue, and the issue's burst (per 10 GPU pods 4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8; optional CPU-only share)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from benchmarks import karpenter_e2e as e2e
+from kubegpu.autoscaler.catalog import shipped_catalogue
+from kubegpu.autoscaler.instancetypes import load_instance_types
+
+
+def test_the_instance_types_file_is_the_shipped_catalogue_under_karpenters_capacity_key(tmp_path: Path) -> None:
+    path = tmp_path / "types.json"
+    entries = e2e.write_types(path)
+    raw = json.loads(path.read_text())
+    assert raw == entries
+    keys = {r["key"] for entry in raw for o in entry["offerings"] for r in o["Requirements"]}
+    # Karpenter's kwok provider reads exactly these keys; kubegpu's own spelling must not be left in the file
+    assert keys == {e2e.KARPENTER_CAPACITY_KEY, e2e.ZONE_KEY}
+    for entry in raw:  # the fields Karpenter's InstanceTypeOptions decodes
+        assert {"name", "architecture", "operatingSystems", "resources", "offerings"} <= entry.keys()
+        assert all({"Price", "Available", "Requirements"} <= o.keys() for o in entry["offerings"])
+    ours = {t.name: t for t in load_instance_types(path)}  # what `kubegpu autoscaler --instance-types` reads
+    shipped = {t.name: t for t in shipped_catalogue()}
+    assert ours.keys() == shipped.keys()
+    for name, it in shipped.items():
+        assert ours[name].capacity == it.capacity and ours[name].gpu_model == it.gpu_model
+        assert sorted((o.zone, o.capacity_type, o.price) for o in ours[name].offerings) == \
+            sorted((o.zone, o.capacity_type, o.price) for o in it.offerings)
+    prices = e2e.price_table(entries)
+    assert prices[("p4d.24xlarge", "test-zone-a", "on-demand")] == pytest.approx(32.77)
+    assert len(prices) == sum(len(t.offerings) for t in shipped.values())
+
+
+def _gpus(pod: dict[str, object]) -> int:
+    resources = pod["spec"]["containers"][0]["resources"]  # type: ignore[index]
+    return int(resources["requests"].get(e2e.GPU, 0))
+
+
+@pytest.mark.parametrize(("count", "cpu_share", "mix"), [
+    (500, 0.0, {1: 200, 2: 150, 4: 100, 8: 50}),
+    (100, 0.2, {0: 20, 1: 32, 2: 24, 4: 16, 8: 8}),
+])
+def test_the_burst_has_the_issues_mix(count: int, cpu_share: float, mix: dict[int, int]) -> None:
+    pods = e2e.burst(count, cpu_share)
+    assert len(pods) == count and len({p["metadata"]["name"] for p in pods}) == count
+    assert Counter(_gpus(p) for p in pods) == mix
+    for pod in pods:
+        resources = pod["spec"]["containers"][0]["resources"]
+        gpus = _gpus(pod)
+        if gpus:
+            assert resources["limits"] == {e2e.GPU: str(gpus)}
+            assert resources["requests"]["cpu"] == str(2 * gpus)
+            assert resources["requests"]["memory"] == f"{8 * gpus}Gi"
+        else:
+            assert "limits" not in resources and {"cpu", "memory"} == resources["requests"].keys()
