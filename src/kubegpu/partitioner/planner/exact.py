@@ -264,11 +264,15 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
                  supply: dict[tuple[str, str], list[tuple[int, float]]], layouts: LayoutCache) -> None:
     members: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
     gpus: dict[tuple[Any, ...], MigGpu] = {}
+    split: dict[tuple[Any, ...], tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]]] = {}
     for name, state in sorted(problem.states.items()):
         for gpu in state.gpus:
             if isinstance(gpu, MigGpu):
-                used = tuple(sorted(i for i, t in gpu.layout if t == USED))
-                free = tuple(sorted(i for i, t in gpu.layout if t != USED))
+                parts = split.get(gpu.layout)
+                if parts is None:  # in-use and free instances, once per distinct tagged layout
+                    parts = split[gpu.layout] = (tuple(sorted(i for i, t in gpu.layout if t == USED)),
+                                                 tuple(sorted(i for i, t in gpu.layout if t != USED)))
+                used, free = parts
                 key = (model.node_group[name], gpu.model.key, used, free, gpu.frozen)
                 members.setdefault(key, []).append((name, gpu.index))
                 gpus.setdefault(key, gpu)
@@ -284,12 +288,16 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
         for shape, (world, found) in zip(requests, layouts.mig_options_many(gpu.model, ids, requests), strict=True):
             options[(model_key, *shape)] = (world, found, ids)
     classes: dict[tuple[Any, ...], MigClass] = {}
+    named: dict[tuple[int, frozenset[int]], tuple[tuple[str, ...], tuple[bool, ...]]] = {}  # per universe
     for key, node_gpus in members.items():
         world, found, ids = options[key[1:]]
-        model_obj = gpus[key].model
-        classes[key] = MigClass(key[0], node_gpus, found, used=key[2],
-                                resources=tuple(mig_resource(model_obj, p) for p in world.profile_ids),
-                                profile_ids=world.profile_ids, wanted=tuple(p in ids for p in world.profile_ids))
+        names = named.get((id(world), ids))
+        if names is None:
+            model_obj = gpus[key].model
+            names = named[(id(world), ids)] = (tuple(mig_resource(model_obj, p) for p in world.profile_ids),
+                                               tuple(p in ids for p in world.profile_ids))
+        classes[key] = MigClass(key[0], node_gpus, found, used=key[2], resources=names[0],
+                                profile_ids=world.profile_ids, wanted=names[1])
     for mig in classes.values():
         count = len(mig.node_gpus)
         mig.columns = list(model.solver.columns_of(len(mig.options), 0, count,
