@@ -89,3 +89,25 @@ def test_the_bound_from_any_duals_is_below_the_optimum_and_tight_at_the_solvers(
     driver = Lexicographic(solver, [Stage("s", dict(enumerate(cost.tolist())))])
     relaxed = driver._run(cost, driver.lower, driver.upper, False, time.perf_counter() + 10)
     assert relaxed.value == pytest.approx(-14.0) and -14.0 - 1e-6 <= relaxed.bound <= -14.0
+
+
+def test_dominance_by_pairs_agrees_with_the_lattice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options are pruned by dominance two ways (packed pairs for the usual batches, a lattice for huge ones):
+    both keep exactly the rows no better-ranked row of their group covers, checked against a plain loop."""
+    from kubegpu.partitioner.planner import layouts
+
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        rows: list[tuple[int, ...]] = []
+        groups: list[int] = []
+        for group in range(int(rng.integers(1, 6))):
+            offers = {tuple(int(v) for v in rng.integers(0, 8, size=6)) for _ in range(int(rng.integers(1, 40)))}
+            rows += sorted(offers, key=lambda _: rng.random())
+            groups += [group] * len(offers)
+        offered, group_of = np.array(rows, dtype=np.int64), np.array(groups)
+        expected = [not any(group_of[j] == group_of[i] and all(a >= b for a, b in zip(rows[j], rows[i], strict=True))
+                            for j in range(i)) for i in range(len(rows))]
+        assert layouts._undominated(group_of, offered).tolist() == expected
+        monkeypatch.setattr(layouts, "_PAIRS", -1)
+        assert layouts._undominated(group_of, offered).tolist() == expected
+        monkeypatch.undo()

@@ -46,7 +46,7 @@ from kubegpu.partitioner.planner.model import (
 )
 from kubegpu.partitioner.planner.pods import eligible_nodes
 from kubegpu.partitioner.planner.solver import HighsLoader, Lexicographic, Outcome, Solver, Stage, StageResult
-from kubegpu.scheduling import pod_key, pod_requests
+from kubegpu.scheduling import pod_key
 
 MAX_COEFFICIENT = 1e9  # pod weights above this are solved level by level (the objective stays exact in doubles)
 FINISH_SHARE = 0.1  # of the time limit, kept for turning the solver's counts into a plan per GPU and pod
@@ -211,7 +211,7 @@ def _node_level(problem: Problem, eligible: dict[str, list[str]]) -> bool:
     by_list: dict[int, tuple[list[str], Counter[str]]] = {}
     for pod, _ in problem.candidates:
         names = eligible[pod_key(pod)]
-        by_list.setdefault(id(names), (names, Counter()))[1].update(_other_requests(pod))
+        by_list.setdefault(id(names), (names, Counter()))[1].update(_other_requests(problem.requirements(pod).requests))
     wanted: dict[str, Counter[str]] = defaultdict(Counter)
     for names, totals in by_list.values():
         for name in names:
@@ -223,8 +223,8 @@ def _node_level(problem: Problem, eligible: dict[str, list[str]]) -> bool:
     return False
 
 
-def _other_requests(pod: dict[str, Any]) -> Counter[str]:
-    return Counter({r: a for r, a in pod_requests(pod).items() if not is_partition_resource(r) and a > 0})
+def _other_requests(requests: dict[str, float]) -> Counter[str]:
+    return Counter({r: a for r, a in requests.items() if not is_partition_resource(r) and a > 0})
 
 
 def _supply_groups(plannable: dict[str, Any], eligible_lists: Sequence[list[str]], node_level: bool
@@ -286,12 +286,14 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
                                 profile_ids=world.profile_ids, wanted=tuple(p in ids for p in world.profile_ids))
     for mig in classes.values():
         count = len(mig.node_gpus)
-        for option in mig.options:
-            column = model.solver.column(0, count, churn=option.churn, frag=option.frag)
-            mig.columns.append(column)
-            for resource, n in zip(mig.resources, option.free, strict=True):
-                if n and resource in wanted:
-                    supply[(mig.group, resource)].append((column, float(n)))
+        mig.columns = list(model.solver.columns_of(len(mig.options), 0, count,
+                                                   churn=[o.churn for o in mig.options],
+                                                   frag=[o.frag for o in mig.options]))
+        for k, resource in enumerate(mig.resources):
+            if resource in wanted:
+                entries = [(c, float(o.free[k])) for c, o in zip(mig.columns, mig.options, strict=True) if o.free[k]]
+                if entries:
+                    supply[(mig.group, resource)].extend(entries)
         model.solver.row(count, count, [(c, 1.0) for c in mig.columns])
         model.mig.append(mig)
 
@@ -331,7 +333,7 @@ def _pod_columns(problem: Problem, model: Model, eligible: dict[str, list[str]],
         places = by_list.get(id(names))
         if places is None:
             places = by_list[id(names)] = tuple(sorted({model.node_group[n] for n in names}))
-        other = tuple(sorted(_other_requests(pod).items())) if node_level else ()
+        other = tuple(sorted(_other_requests(problem.requirements(pod).requests).items())) if node_level else ()
         key = (units, pod_priority(pod), places, other)
         if key not in groups:
             groups[key] = PodGroup(Counter(units), pod_priority(pod), [])
