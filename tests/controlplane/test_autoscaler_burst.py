@@ -122,4 +122,7 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     print(f"\n{PODS} GPU pods: all bound after {elapsed:.1f}s (first after {first_bound[0]:.1f}s), "
           f"{nclaims} NodeClaims, {nodes} nodes in use; autoscaler failures {scaler.failures}")
     assert nclaims == nodes
+    status = cluster.get("NodePool", pool_name)["status"]   # written through the real status subresource
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "ValidationSucceeded": "True", "NodeClassReady": "True", "Ready": "True"}
     assert not scaler.failures, lines[-10:]

@@ -23,6 +23,7 @@ from kubegpu.autoscaler.objects import (
     is_true,
     name_of,
 )
+from kubegpu.autoscaler.pool_status import PoolStatus
 from kubegpu.autoscaler.replan import SurplusTracker, keep_nominated, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
@@ -223,6 +224,7 @@ class Provisioner:
         self.last_result: SchedulingResult | None = None
         self.metrics: AutoscalerMetrics | None = None
         self.surplus = SurplusTracker(grace=surplus_grace)
+        self.pool_status = PoolStatus(self.cluster, clock, self.log)
         # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
         self.terminate: Callable[[dict[str, Any], str], None] | None = None
 
@@ -244,6 +246,7 @@ class Provisioner:
         now = self.clock.now()
         snapshot = snapshot or self.state.snapshot()
         self._report_pool_errors(snapshot)
+        self._write_pool_status(snapshot)
         pending = self.pending_pods(snapshot)
         if not pending:   # nothing waits: every NodeClaim bought for pods that landed elsewhere is surplus
             self.batcher.reset()
@@ -266,6 +269,24 @@ class Provisioner:
         self._report_unschedulable(result)
         self.last_result = result
         return result
+
+    def _write_pool_status(self, snapshot: Snapshot) -> None:
+        """NodePool conditions (`pool_status`): invalid pools, pools whose NodeClass is not ready, and the rest."""
+        invalid = dict(snapshot.pool_errors)
+        parsed: dict[str, NodePool] = {}
+        for pool in snapshot.pools:
+            try:
+                self.capacity.sharing(pool)
+                parsed[pool.name] = pool
+            except KubegpuError as exc:
+                invalid[pool.name] = str(exc)
+        try:
+            raw = self.cluster.list("NodePool")
+        except KubegpuError as exc:
+            self.log(f"cannot read NodePools for their status: {exc}")
+            return
+        self.pool_status.reconcile(raw, parsed, invalid, getattr(self.provider, "pool_not_ready", None),
+                                   pool_usage(snapshot.nodeclaims))
 
     def _remove_surplus(self, snapshot: Snapshot, needed: set[str], now: float) -> None:
         """Delete the NodeClaims nothing uses or will use (`replan.SurplusTracker`); one that fails is retried."""
