@@ -2,6 +2,7 @@
 
     python benchmarks/karpenter.py [--quick] [--sizes 500,2000,5000] [--iterations 2]
     python benchmarks/karpenter.py --e2e [--pods 500,2000] [--trials 2] [--cpu-share 0.2] [--keep-logs DIR]
+                                   [--json FILE] [--from-json FILE,FILE]
 
 Karpenter is pinned in the Go tools module `test/karpenter` (sigs.k8s.io/karpenter v1.14.1). Its own scheduling
 benchmark (`BenchmarkScheduling<N>` in pkg/controllers/provisioning/scheduling, build tag `test_performance`:
@@ -31,6 +32,8 @@ minutes per 500 pods on a small machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import random
 import re
@@ -49,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.provisioning import _pool, cpu_pods
 from kubegpu.autoscaler.catalog import fake_instance_types
 from kubegpu.autoscaler.provisioner import run_pass
+from kubegpu.files import write_durable
 
 if TYPE_CHECKING:
     from benchmarks.karpenter_e2e import Trial
@@ -186,11 +190,21 @@ Not comparable, stated plainly:
 
 def run_e2e(args: argparse.Namespace) -> int:
     """The `--e2e` entry point: A/B/A/B trials per size, a table, the caveats."""
-    from benchmarks.karpenter_e2e import SYSTEMS, kwok_binary, price_table, run_trial, write_types
+    from benchmarks.karpenter_e2e import SYSTEMS, Trial, kwok_binary, price_table, run_trial, write_types
 
-    sizes = [int(s) for s in args.pods.split(",")]
-    if any(s <= 0 for s in sizes) or args.trials <= 0:
-        raise SystemExit("error: --pods and --trials: positive whole numbers")
+    if args.from_json:  # the table again from saved trials (several runs' files combined)
+        loaded = [Trial(**{**t, "load": tuple(t["load"])}) for f in args.from_json.split(",")
+                  for t in json.loads(Path(f).read_text())]
+        for line in table(loaded):
+            print(line)
+        print(f"\n{NOT_COMPARABLE}")
+        return 0
+    try:
+        sizes = [int(s) for s in args.pods.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s <= 0 for s in sizes) or args.trials <= 0:
+        raise SystemExit(f"error: --pods and --trials: positive whole numbers (got {args.pods!r}, {args.trials})")
     binary = kwok_binary(CACHE, MODULE, VERSION)
     keep = Path(args.keep_logs).resolve() if args.keep_logs else None
 
@@ -212,6 +226,8 @@ def run_e2e(args: argparse.Namespace) -> int:
                     trial = run_trial(system, size, args.cpu_share, types_file, binary, prices, timeout,
                                       args.settle, keep, say)
                     trials.append(trial)
+                    if args.json:  # after every trial, so a run cut short keeps what it measured
+                        write_durable(args.json, json.dumps([dataclasses.asdict(t) for t in trials], indent=1))
                     say(f"  all bound after {trial.all_bound_s:.1f}s; {trial.launched} claims launched, "
                         f"{trial.empty} empty; ${trial.price:,.0f}/h (${trial.price_used:,.0f}/h used); "
                         f"CPU {trial.cpu_s:.1f}s, RSS {trial.rss_mib:.0f} MiB; lost {trial.lost}; "
@@ -238,6 +254,8 @@ def main() -> int:
     e2e.add_argument("--settle", type=float, default=10.0, help="seconds after the last bind before counting claims")
     e2e.add_argument("--timeout", type=float, default=None, help="seconds a trial may take (default 300 + 0.6/pod)")
     e2e.add_argument("--keep-logs", default=None, help="copy each trial's component logs under this directory")
+    e2e.add_argument("--json", default=None, help="write every trial's figures to this file as they come")
+    e2e.add_argument("--from-json", default=None, help="print the table from files --json wrote, comma-separated")
     args = parser.parse_args()
     if args.e2e:
         if not 0.0 <= args.cpu_share <= 1.0:

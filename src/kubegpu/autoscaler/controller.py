@@ -51,6 +51,7 @@ class Options:
     disruption: bool = True
     evict_pods: bool = True   # drain through the cluster (False: the provider's delete evicts, as the simulator's)
     parallelism: int = 1      # NodeClaim creations, launches and registrations at a time (the command: 16)
+    surplus_grace: float = 3.0   # an unused NodeClaim bought for pods that landed elsewhere goes after this long
 
 
 class Upkeep(Protocol):
@@ -76,10 +77,12 @@ class Autoscaler:
         self.options = opts
         self.log = log or (lambda _line: None)
         self.provisioner = Provisioner(self.cluster, provider, clock, opts.batch_idle, opts.batch_max, self.log,
-                                       state=self.state, parallelism=opts.parallelism)
+                                       state=self.state, parallelism=opts.parallelism,
+                                       surplus_grace=opts.surplus_grace)
         self.termination = Termination(self.cluster, provider, clock, self.log, opts.evict_pods, state=self.state)
         self.lifecycle = Lifecycle(self.cluster, provider, clock, self.termination.start, self.log,
                                    state=self.state, parallelism=opts.parallelism)
+        self.provisioner.terminate = self.termination.start
         self.disruption = Disruption(self.cluster, provider, self.provisioner, self.termination, clock,
                                      opts.validation_delay, opts.replacement_timeout, self.log)
         self.metrics = AutoscalerMetrics()

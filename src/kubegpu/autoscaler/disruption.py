@@ -44,7 +44,7 @@ MAX_MULTI_CANDIDATES = 100
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 DISRUPT_RUNNING_JOBS_ANNOTATION = "kubegpu.io/disrupt-running-jobs"
 EMPTY, UNDERUTILIZED, DRIFTED = "Empty", "Underutilized", "Drifted"
-DISRUPTION_ANNOTATION = "kubegpu.io/disruption"
+DISRUPTION_ANNOTATION = L.DISRUPTION_ANNOTATION
 
 
 @dataclass

@@ -37,6 +37,7 @@ SIMULATED_NODE_LABEL = "kubegpu.io/simulated-node"
 UNREGISTERED_TAINT = {"key": "kubegpu.io/unregistered", "effect": "NoExecute"}
 DISRUPTED_TAINT = {"key": "kubegpu.io/disrupted", "effect": "NoSchedule"}
 DO_NOT_DISRUPT_ANNOTATION = "kubegpu.io/do-not-disrupt"
+DISRUPTION_ANNOTATION = "kubegpu.io/disruption"   # on candidates: a replacement under way (JSON, disruption.py)
 TERMINATION_FINALIZER = "kubegpu.io/termination"
 NODEPOOL_HASH_ANNOTATION = "kubegpu.io/nodepool-hash"
 POD_DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -192,7 +192,7 @@ class SimulatedProvider(InstanceListing):
         controller, whose Node informer can lag its Pod informer, could delete the pod as if the taint were still
         there (kubernetes#119862)."""
         now = self.clock.now()
-        for inst in self.instances.values():
+        for inst in list(self.instances.values()):  # launches (other threads of `run`) add to it meanwhile
             if inst.published or now < inst.created + self.registration_delay:
                 continue
             try:

@@ -23,6 +23,8 @@ from kubegpu.autoscaler.objects import (
     is_true,
     name_of,
 )
+from kubegpu.autoscaler.pool_status import PoolStatus
+from kubegpu.autoscaler.replan import SurplusTracker, keep_nominated, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
 from kubegpu.errors import KubegpuError
@@ -208,7 +210,7 @@ class Provisioner:
 
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, batch_idle: float = 1.0,
                  batch_max: float = 10.0, log: Log | None = None, state: ClusterState | None = None,
-                 parallelism: int = 1) -> None:
+                 parallelism: int = 1, surplus_grace: float = 3.0) -> None:
         self.state = state or ClusterState(informed(cluster), clock, 2 * batch_max)
         self.cluster = self.state.cluster
         self.provider = provider
@@ -221,6 +223,10 @@ class Provisioner:
         self._pool_errors: dict[str, str] = {}
         self.last_result: SchedulingResult | None = None
         self.metrics: AutoscalerMetrics | None = None
+        self.surplus = SurplusTracker(grace=surplus_grace)
+        self.pool_status = PoolStatus(self.cluster, clock, self.log)
+        # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
+        self.terminate: Callable[[dict[str, Any], str], None] | None = None
 
     @property
     def nominations(self) -> Mapping[str, set[str]]:
@@ -240,15 +246,18 @@ class Provisioner:
         now = self.clock.now()
         snapshot = snapshot or self.state.snapshot()
         self._report_pool_errors(snapshot)
+        self._write_pool_status(snapshot)
         pending = self.pending_pods(snapshot)
+        if not pending:   # nothing waits: every NodeClaim bought for pods that landed elsewhere is surplus
+            self.batcher.reset()
+            self._remove_surplus(snapshot, set(), now)
+            return None
         self.batcher.add((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
         if not self.batcher.ready(now):
             return None
         self.batcher.reset()
-        if not pending:
-            return None
         started = time.perf_counter()
-        result = self.schedule(snapshot, pending)
+        result = self.schedule(snapshot, pending, keep_nominations=True)
         if self.metrics is not None:
             self.metrics.scheduling_duration.labels("provisioner").observe(time.perf_counter() - started)
             self.metrics.unschedulable_pods.labels("provisioner").set(len(result.unschedulable))
@@ -256,14 +265,46 @@ class Provisioner:
         for node_name, pods in result.existing.items():
             self.state.nominate(node_name.removeprefix("nodeclaim/"), (pod_key(p) for p in pods), now)
         self._create_claims(result, snapshot, now)
+        self._remove_surplus(snapshot, set(result.existing), now)
         self._report_unschedulable(result)
         self.last_result = result
         return result
 
+    def _write_pool_status(self, snapshot: Snapshot) -> None:
+        """NodePool conditions (`pool_status`): invalid pools, pools whose NodeClass is not ready, and the rest."""
+        invalid = dict(snapshot.pool_errors)
+        parsed: dict[str, NodePool] = {}
+        for pool in snapshot.pools:
+            try:
+                self.capacity.sharing(pool)
+                parsed[pool.name] = pool
+            except KubegpuError as exc:
+                invalid[pool.name] = str(exc)
+        try:
+            raw = self.cluster.list("NodePool")
+        except KubegpuError as exc:
+            self.log(f"cannot read NodePools for their status: {exc}")
+            return
+        self.pool_status.reconcile(raw, parsed, invalid, getattr(self.provider, "pool_not_ready", None),
+                                   pool_usage(snapshot.nodeclaims))
+
+    def _remove_surplus(self, snapshot: Snapshot, needed: set[str], now: float) -> None:
+        """Delete the NodeClaims nothing uses or will use (`replan.SurplusTracker`); one that fails is retried."""
+        live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
+        for claim in self.surplus.update(live, snapshot.pods_on, needed, now):
+            if self.terminate is None:
+                return
+            try:
+                self.terminate(dict(claim), "unused")
+            except KubegpuError as exc:
+                self.log(f"nodeclaim {name_of(claim)}: cannot delete the unused claim: {exc}")
+
     def schedule(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]],
                  exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
-                 count_nominated: bool = False) -> SchedulingResult:
-        """A pass for `pending`; `count_nominated` (consolidation) keeps capacity nominated to pending pods taken."""
+                 count_nominated: bool = False, keep_nominations: bool = False) -> SchedulingResult:
+        """A pass for `pending`; `count_nominated` (consolidation) keeps capacity nominated to pending pods taken;
+        `keep_nominations` (provisioning) leaves pending pods where the last pass nominated them while they still
+        fit there next to what really landed, and plans only the others (`replan.keep_nominated`)."""
         pools = []
         for pool in snapshot.pools:
             try:
@@ -272,10 +313,17 @@ class Provisioner:
             except KubegpuError as exc:
                 self._pool_error(pool.name, str(exc))
         nominated = self.state.nominations_view() if count_nominated else None
-        return run_pass(pools, self.provider.instance_types, pending,
-                        existing_infos(snapshot, exclude_nodes, nominated),
-                        snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
-                        not_ready=getattr(self.provider, "pool_not_ready", None))
+        infos = existing_infos(snapshot, exclude_nodes, nominated)
+        kept: dict[str, list[dict[str, Any]]] = {}
+        if keep_nominations:
+            aliases = target_aliases(snapshot.nodeclaims, snapshot.nodes)
+            kept, pending = keep_nominated(infos, pending, self.state.nominations_view(), aliases)
+        result = run_pass(pools, self.provider.instance_types, pending, infos,
+                          snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
+                          not_ready=getattr(self.provider, "pool_not_ready", None))
+        for name, pods in kept.items():
+            result.existing.setdefault(name, []).extend(pods)
+        return result
 
     def create_claim(self, plan: ClaimPlan, pool: NodePool) -> dict[str, Any]:
         """Create the NodeClaim (the API server names it from `generateName`) and nominate the plan's pods to it."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubegpu.gpu.geometry import free_space_score
 from kubegpu.partitioner.planner.model import GpuPlan, NodeInput, Plan, mig_resource, pod_priority
-from kubegpu.scheduling import NodeInfo, fits, pod_key, pod_requirements
+from kubegpu.scheduling import NodeInfo, fits, pod_key
 
 if TYPE_CHECKING:
     from kubegpu.partitioner.planner.exact import Model
@@ -56,7 +56,7 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
                 pod = next(pods, None)
                 if pod is None:
                     break
-                need = pod_requirements(pod)
+                need = problem.requirements(pod)
                 kind = (where, id(group), tuple(need.requests.items()), need.node_selector,
                         repr(need.affinity_terms), repr(need.tolerations), need.tolerates_unschedulable, need.node_name)
                 k = resume.get(kind, 0)

@@ -89,6 +89,12 @@ class Problem:
     errors: dict[str, list[GpuPlan]]
     candidates: list[Candidate]
     rejected: dict[str, str]
+    parsed: dict[int, PodRequirements] = field(default_factory=dict)  # id(pod) → its requirements, parsed once
+
+    def requirements(self, pod: dict[str, Any]) -> PodRequirements:
+        """The pod's parsed requirements (parsed once, when the candidates were found)."""
+        found = self.parsed.get(id(pod))
+        return pod_requirements(pod) if found is None else found
 
     @property
     def plannable(self) -> dict[str, NodeInput]:
@@ -107,8 +113,9 @@ def prepare(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]], cache: G
                 offered.update(gpu.resources())
             else:
                 largest_mps = max(largest_mps, gpu.capacity_gb)
-    found, rejected = candidates(pods, offered, largest_mps)
-    return Problem(nodes, pods, states, errors, found, rejected)
+    parsed: dict[int, PodRequirements] = {}
+    found, rejected = candidates(pods, offered, largest_mps, parsed)
+    return Problem(nodes, pods, states, errors, found, rejected, parsed)
 
 
 def finish(problem: Problem, gpu_plans: Mapping[str, Sequence[GpuPlan]], assignments: Mapping[str, str],

@@ -123,17 +123,41 @@ class Universe:
         return known[indices]
 
 
+_PAIRS = 1 << 22  # (row, row) pairs of one batch compared directly; a larger batch takes the lattice
+
+
 def _undominated(group: npt.NDArray[np.int64], offers: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
     """Which rows (sorted by group, best-ranked first within it) no better-ranked row of their group covers (offers
     at least as much in every profile; offers are distinct within a group).
 
-    The best rank over every offer covering a point is a suffix minimum over the small lattice of counts, one pass
-    per profile; a row is undominated when that minimum at its own point is its own rank."""
+    Pairs within groups are compared directly while there are few enough; otherwise the best rank over every offer
+    covering a point is a suffix minimum over the small lattice of counts, one pass per profile, and a row is
+    undominated when that minimum at its own point is its own rank."""
     if not len(offers):
         return np.zeros(0, dtype=bool)
     starts = np.flatnonzero(np.r_[True, np.diff(group) != 0])
-    rank = np.arange(len(offers)) - np.repeat(starts, np.diff(np.r_[starts, len(offers)]))
-    slot = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(offers)]))
+    sizes = np.diff(np.r_[starts, len(offers)])
+    rank = np.arange(len(offers)) - np.repeat(starts, sizes)
+    if int((sizes.astype(np.int64) ** 2).sum()) <= _PAIRS:
+        # every (row, better-ranked row of its group) pair at once: a few times cheaper than the lattice on the
+        # planner's classes (tens of options each)
+        row = np.repeat(np.arange(len(offers), dtype=np.int32), rank)
+        step = np.arange(len(row), dtype=np.int32) - np.repeat((np.cumsum(rank) - rank).astype(np.int32), rank)
+        other = row - 1 - step
+        width = int(offers.max()).bit_length() + 1  # each count in a field with a guard bit above it
+        if width * offers.shape[1] <= 62:
+            # all profiles compared at once, the counts packed into one integer: (a | guard) - b keeps a field's
+            # guard bit exactly when that field of a is at least b's (no borrow crosses a guard bit)
+            shifts = np.arange(offers.shape[1], dtype=np.int64) * width
+            packed = (offers.astype(np.int64) << shifts).sum(axis=1)
+            guard = int(((1 << (width - 1)) << shifts).sum())
+            covered = ((packed[other] | guard) - packed[row]) & guard == guard
+        else:
+            covered = (offers[other] >= offers[row]).all(axis=1)
+        keep = np.ones(len(offers), dtype=bool)
+        keep[row[covered]] = False
+        return keep
+    slot = np.repeat(np.arange(len(starts)), sizes)
     dims = tuple(int(n) + 1 for n in offers.max(axis=0))
     if len(starts) * math.prod(dims) > 1 << 24:  # an unusually wide lattice: compare pairs within each group
         keep = np.ones(len(offers), dtype=bool)
@@ -160,7 +184,7 @@ def _counts_of(universe: Universe, mask: int) -> tuple[int, ...]:
 
 
 Request = tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], bool]  # in-use, free instances, frozen
-_CHUNK = 256  # classes computed together (bounds the layouts x classes x profiles arrays)
+_CHUNK = 1024  # classes computed together (bounds the layouts x classes x profiles arrays)
 
 
 class LayoutCache:
@@ -252,29 +276,38 @@ def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request])
     base = used.astype(np.int64) @ of_profile  # in-use instances per class and profile
     n_used, have = used.sum(axis=1), free.sum(axis=1)
     holds = (bits.astype(np.int64) @ used.T.astype(np.int64)) == n_used  # [layout, class]: keeps the in-use ones
-    extra = counts[:, None, :] - base[None, :, :]  # [layout, class, profile]: free instances of the layout
-    holds &= ~((extra != 0) & ~allowed[None, :, :]).any(axis=2)
     layout, cls = np.nonzero(holds)
-    offered = extra[layout, cls] * want  # unwanted profiles serve nobody
+    extra = counts[layout] - base[cls]  # [pair, profile]: free instances of the layout
+    fits = ~((extra != 0) & ~allowed[cls]).any(axis=1)
+    layout, cls, extra = layout[fits], cls[fits], extra[fits]
+    offered = extra * want  # unwanted profiles serve nobody
+    # each offer as one integer, ordered as the offers are lexicographically (first profile most significant)
+    radix = int(offered.max(initial=0)) + 1
+    weights = radix ** np.arange(offered.shape[1] - 1, -1, -1, dtype=np.int64)
+    if radix ** offered.shape[1] >= 1 << 62:  # never on the catalog's models; kept exact all the same
+        key = np.unique(offered, axis=0, return_inverse=True)[1].reshape(-1)
+    else:
+        key = offered @ weights
     kept = (bits[layout] & free[cls]).sum(axis=1)
     churn = have[cls] + (sizes[layout] - n_used[cls]) - 2 * kept
     frag = world.frags(layout)
     # the best layout per (class, offer): fewest changes, then least fragmentation, then the lowest index
-    order = np.lexsort((layout, frag, churn, *offered.T[::-1], cls))
+    order = np.lexsort((layout, frag, churn, key, cls))
     first = np.ones(len(order), dtype=bool)
-    first[1:] = (np.diff(offered[order], axis=0) != 0).any(axis=1) | (np.diff(cls[order]) != 0)
+    first[1:] = (np.diff(key[order]) != 0) | (np.diff(cls[order]) != 0)
     best = order[first]
     # ranked per class by changes, fragmentation, then larger offers: an option is dominated when a better-ranked
     # one of its class offers at least as much of every profile
-    best = best[np.lexsort((*offered[best].T[::-1], -offered[best].sum(axis=1), frag[best], churn[best],
-                            cls[best]))]
+    best = best[np.lexsort((key[best], -offered[best].sum(axis=1), frag[best], churn[best], cls[best]))]
     front = best[_undominated(cls[best], offered[best])]
-    front = front[np.lexsort((*offered[front].T[::-1], cls[front]))]
+    front = front[np.lexsort((key[front], cls[front]))]
     options: list[list[LayoutOption]] = [[] for _ in requests]
-    for k, c, index, n_kept, n_churn, n_frag in zip(front.tolist(), cls[front].tolist(), layout[front].tolist(),
-                                                    kept[front].tolist(), churn[front].tolist(),
-                                                    frag[front].tolist(), strict=True):
-        destroyed = int(have[c]) - n_kept
-        options[c].append(LayoutOption(tuple(offered[k].tolist()), world.instances(world.layouts[index]),
-                                       n_churn - destroyed, destroyed, n_frag))
+    destroyed = (have[cls[front]] - kept[front]).tolist()
+    created = (churn[front] - have[cls[front]] + kept[front]).tolist()
+    instances = world.instances
+    masks = world.layouts
+    for offer, c, index, n_created, n_destroyed, n_frag in zip(map(tuple, offered[front].tolist()),
+                                                               cls[front].tolist(), layout[front].tolist(), created,
+                                                               destroyed, frag[front].tolist(), strict=True):
+        options[c].append(LayoutOption(offer, instances(masks[index]), n_created, n_destroyed, n_frag))
     return options

@@ -19,18 +19,19 @@ from kubegpu.partitioner.planner.model import (
     mps_size,
     pod_priority,
 )
-from kubegpu.scheduling import NodeInfo, fits, pod_key, pod_requests, pod_requirements
+from kubegpu.scheduling import NodeInfo, PodRequirements, fits, pod_key, pod_requests, pod_requirements
 from kubegpu.sharing.names import mig_profile_of
 
 Candidate = tuple[dict[str, Any], tuple[str, ...]]  # a pod and its units: one partition resource per instance
 
 
-def candidates(pods: Sequence[dict[str, Any]], offered: set[str], largest_mps: int
-               ) -> tuple[list[Candidate], dict[str, str]]:
+def candidates(pods: Sequence[dict[str, Any]], offered: set[str], largest_mps: int,
+               parsed: dict[int, PodRequirements] | None = None) -> tuple[list[Candidate], dict[str, str]]:
     """Pods whose partition-resource requests some GPU could serve, each with its units (one per instance).
 
     `offered` are the MIG resources some plannable GPU has a profile for, `largest_mps` the largest plannable MPS
-    GPU's memory in GB; the rest are rejected with a reason (pod key → reason)."""
+    GPU's memory in GB; the rest are rejected with a reason (pod key → reason). `parsed` collects each pod's
+    parsed requirements (by the pod's identity), so that later steps need not parse it again."""
     found: list[Candidate] = []
     rejected: dict[str, str] = {}
     for pod in pods:
@@ -42,7 +43,7 @@ def candidates(pods: Sequence[dict[str, Any]], offered: set[str], largest_mps: i
         except (TypeError, AttributeError, ValueError) as exc:  # a spec of the wrong shape
             rejected[pod_key(pod)] = f"invalid spec: {type(exc).__name__}: {exc}"
             continue
-        problem = _spec_problem(pod, requests)
+        problem = _spec_problem(pod, requests, parsed)
         if problem:
             rejected[pod_key(pod)] = problem
             continue
@@ -62,13 +63,16 @@ def candidates(pods: Sequence[dict[str, Any]], offered: set[str], largest_mps: i
     return found, rejected
 
 
-def _spec_problem(pod: dict[str, Any], requests: Mapping[str, float]) -> str | None:
+def _spec_problem(pod: dict[str, Any], requests: Mapping[str, float],
+                  parsed: dict[int, PodRequirements] | None = None) -> str | None:
     """Why this pod cannot be planned for at all; checked up front so one bad pod never stops the whole plan."""
     negative = sorted(r for r, amount in requests.items() if amount < 0)
     if negative:
         return f"invalid requests: {negative[0]} must not be negative"
     try:
-        pod_requirements(pod, requests)  # node selector, affinity and tolerations parse, or ConfigError
+        need = pod_requirements(pod, requests)  # node selector, affinity and tolerations parse, or ConfigError
+        if parsed is not None:
+            parsed[id(pod)] = need
     except KubegpuError as exc:
         return f"invalid spec: {exc}"
     except (TypeError, AttributeError, ValueError) as exc:  # a section of the wrong shape

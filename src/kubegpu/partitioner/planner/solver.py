@@ -5,8 +5,9 @@ stage reached, and the stage starts from the previous stage's solution (so every
 incumbent and the plan can only get better). All objective coefficients are integers, so an absolute gap under 1
 is optimal.
 The whole run shares one deadline; a stage stopped by it returns its best solution and the run ends there. A run
-with no solution yet may have a later, grace deadline for its first stage: finding any solution of a large model
-(often the optimum, proven at the root) costs a fraction of what the fallback to a greedy would.
+may have a later, grace deadline: for finding a first solution, and for the relaxations and small neighbourhood
+programs of the pods stages (on a large model the optimum, proven at the root, costs a fraction of what the
+fallback to a greedy would); never for branching.
 
 A stage is solved in up to three steps, each exact:
   1. The linear relaxation (a few tens of milliseconds on the planner's largest models). Its optimum bounds the
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +46,9 @@ _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixForma
 _INTEGRAL = 1e-6  # a relaxed value this close to an integer is that integer
 _DIVE_SHARE = 0.25  # of the time left, for the quick incumbent from the relaxation
 _EXACT = 2.0**50  # integers below this stay exact in doubles, with room for sums
+_LARGE = 20_000
+"""Columns from which a relaxation is solved without presolve: on fleet-scale models (4,096 GPUs, ~45,000 columns)
+HiGHS's presolve costs more than it saves (a third of the relaxation's time)."""
 MAX_NODES = 100
 """Branch-and-bound nodes per integer run: an effort limit that, unlike the wall-clock deadline, stops at the same
 point on a busy machine and an idle one. The planner's integer programs prove at the root node (every one of a
@@ -121,6 +126,18 @@ class Solver:
                 self.costs[name][index] = float(value)
         return index
 
+    def columns_of(self, count: int, lower: float, upper: float, **costs: Sequence[float]) -> range:
+        """`count` columns with the same bounds at once, each with its own objective coefficients."""
+        first = len(self.lower)
+        self.lower.extend([float(lower)] * count)
+        self.upper.extend([float(upper)] * count)
+        for name, values in costs.items():
+            named = self.costs[name]
+            for index, value in enumerate(values, first):
+                if value:
+                    named[index] = float(value)
+        return range(first, first + count)
+
     def row(self, lower: float | None, upper: float | None, entries: list[tuple[int, float]]) -> None:
         self.row_lower.append(-highspy.kHighsInf if lower is None else float(lower))
         self.row_upper.append(highspy.kHighsInf if upper is None else float(upper))
@@ -171,6 +188,7 @@ class _Run:
     duals: Vector
     status: str
     consistent: bool = True  # the solution's recomputed objective matches the one HiGHS reports
+    also: float = -math.inf  # a relaxation's bound on another objective, from its scaled duals (see `_run`)
 
 
 @dataclass
@@ -197,7 +215,9 @@ class Lexicographic:
 
     def run(self, start: list[float] | None, deadline: float, grace: float | None = None) -> Outcome:
         """Solve the stages in order until `deadline`; while no solution is known (no start, and the first stage
-        has found none yet) the run may go on until `grace` (a later deadline) to find one."""
+        has found none yet) the run may go on until `grace` (a later deadline) to find one, and so may the
+        relaxations and quick incumbents of a stage with a known bound (pods: their proof spares the caller's
+        fallback), never its branching."""
         values = None if start is None else np.array(start, dtype=np.float64)
         final = deadline
         outcome = Outcome(start, "optimal", stages=len(self.stages))
@@ -207,7 +227,8 @@ class Lexicographic:
             return outcome
         for stage in self.stages:
             cost = self._cost(stage)
-            deadline = final if values is not None or grace is None else max(final, grace)
+            graced = grace is not None and (values is None or stage.known is not None)
+            deadline = max(final, grace) if graced and grace is not None else final
             if time.perf_counter() >= deadline:
                 outcome.status = f"time limit reached before the {stage.name} stage"
                 break
@@ -256,6 +277,11 @@ class Lexicographic:
         def until() -> float:
             return deadlines[0] if incumbent is None else min(deadlines)
 
+        def quick() -> float:
+            """The deadline of the relaxations and small neighbourhood programs: a stage with a known bound (pods)
+            may use the grace for them too, as its proof spares the greedy fallback; branching never does."""
+            return deadlines[0] if known is not None else until()
+
         best = math.inf if start is None else float(cost @ start)
         lower, upper = self.lower, self.upper
         bound = -math.inf
@@ -265,14 +291,19 @@ class Lexicographic:
         if known is not None and steerable:
             # the relaxation of the combined objective first: when it reaches the stage's known bound (every pod
             # served), that bound is the relaxation's too, and the stage's own relaxation is not needed
-            steered = self._run(cost * spread + then, lower, upper, False, until())
+            steered = self._run(cost * spread + then, lower, upper, False, quick(), also=(cost, spread))
             if steered.kind == "optimal" and steered.x is not None and float(cost @ steered.x) <= known + 1e-6:
                 relaxed = _Run("optimal", steered.x, known, known, np.zeros(0), steered.status)
+            elif steered.kind == "optimal" and steered.x is not None and math.isfinite(steered.also):
+                # bounded by the combined relaxation's duals, scaled back: within one unit of this stage's own
+                # relaxation, and often as good once rounded; that one is solved only when it is needed
+                relaxed = _Run("optimal", steered.x, float(cost @ steered.x), steered.also, np.zeros(0),
+                               steered.status)
         if relaxed is None:
-            relaxed = self._run(cost, lower, upper, False, until())
+            relaxed = self._run(cost, lower, upper, False, quick())
         if relaxed.kind == "optimal" and relaxed.x is not None:
-            bound = relaxed.value
-            proven = math.ceil(bound - 1e-4 - 1e-9 * abs(bound))  # the objective is integral
+            bound = relaxed.bound  # computed from the duals, safe against the solver's tolerances
+            proven = math.ceil(bound - 1e-9)  # the objective is integral
             if incumbent is not None and best <= proven + 1e-9:
                 return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             rounded = np.round(relaxed.x)
@@ -291,23 +322,34 @@ class Lexicographic:
             if steerable:
                 guided = cost * spread + then
                 if steered is None:
-                    steered = self._run(guided, lower, upper, False, until())
+                    steered = self._run(guided, lower, upper, False, quick())
                 if steered.kind == "optimal" and steered.x is not None:
                     around = steered.x
             rounded = np.round(around)
             for neighbourhood in ("support", "disagreement", "union"):
-                if time.perf_counter() >= until() or (neighbourhood != "support" and incumbent is None):
+                if time.perf_counter() >= quick() or (neighbourhood != "support" and incumbent is None):
                     break
+                if neighbourhood == "union" and not len(relaxed.duals):
+                    # bounded by the combined relaxation so far: this stage's own one now, for its bound, for
+                    # the union's support and for reduced-cost fixing
+                    relaxed = self._run(cost, lower, upper, False, quick())
+                    if relaxed.kind != "optimal" or relaxed.x is None:
+                        break
+                    bound = max(bound, relaxed.bound)
+                    proven = math.ceil(bound - 1e-9)
+                    if best <= proven + 1e-9:
+                        return _Step(incumbent, StageResult(name, best, best, True), "optimal")
                 around_incumbent = neighbourhood != "support"
                 if neighbourhood == "disagreement":
                     assert incumbent is not None
                     agree = np.abs(around - incumbent) <= _INTEGRAL
                 elif neighbourhood == "union":
                     assert incumbent is not None
+                    assert relaxed.x is not None
                     agree = (around <= lower + _INTEGRAL) & (relaxed.x <= lower + _INTEGRAL) & (incumbent <= lower)
                 else:
                     agree = around <= lower + _INTEGRAL
-                left = until() - time.perf_counter()
+                left = quick() - time.perf_counter()
                 dive = self._run(guided, np.where(agree, rounded, lower), np.where(agree, rounded, upper), True,
                                  time.perf_counter() + _DIVE_SHARE * left, incumbent if around_incumbent else None)
                 if dive.x is not None and dive.consistent and (
@@ -318,8 +360,13 @@ class Lexicographic:
                     return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and best <= proven + 1e-9:
                 return _Step(incumbent, StageResult(name, best, best, True), "optimal")
-            if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: duals wanted
-                relaxed = self._run(cost, lower, upper, False, until())
+            if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: its own wanted
+                relaxed = self._run(cost, lower, upper, False, quick())
+                if relaxed.kind == "optimal":
+                    bound = max(bound, relaxed.bound)
+                    proven = math.ceil(bound - 1e-9)
+                    if best <= proven + 1e-9:
+                        return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and relaxed.kind == "optimal" and len(relaxed.duals):
                 lower, upper = _fixed(lower, upper, relaxed.duals, bound, best)
         if time.perf_counter() >= until():
@@ -355,10 +402,12 @@ class Lexicographic:
         return _Step(incumbent, StageResult(name, best, best if optimal else bound, optimal), text)
 
     def _run(self, cost: Vector, lower: Vector, upper: Vector, integer: bool, deadline: float,
-             start: Vector | None = None) -> _Run:
+             start: Vector | None = None, also: tuple[Vector, float] | None = None) -> _Run:
         """One HiGHS run, the relaxation or the integer program, with these column bounds, stopped at the
         deadline. Columns whose bounds meet are substituted into the rows first, so HiGHS only sees the columns
-        still to decide (on a fixed model, a small fraction)."""
+        still to decide (on a fixed model, a small fraction). `also` (another objective and a divisor): a
+        relaxation also bounds that objective with its duals divided by the divisor (any multipliers give a valid
+        bound, see `_dual_bound`)."""
         free = lower < upper
         x = lower.copy()
         rows = np.repeat(np.arange(len(self.row_lower)), np.diff(self.starts))
@@ -378,6 +427,8 @@ class Lexicographic:
         starts = np.concatenate([[0], np.cumsum(np.bincount(rows[moving], minlength=len(self.row_lower)))])
         highs = self.loader.new()
         highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
+        if not integer and columns > _LARGE:
+            highs.setOptionValue("presolve", "off")
         if integer:
             highs.setOptionValue("mip_rel_gap", 0.0)
             highs.setOptionValue("mip_abs_gap", 0.99)
@@ -405,12 +456,49 @@ class Lexicographic:
         values = np.array(solution.col_value, dtype=np.float64)
         x[free] = np.round(values) if integer else values
         duals = np.zeros(self.columns)
+        other_bound = -math.inf
+        value = float(cost @ x)
+        bound = float(info.mip_dual_bound) if integer else value
         if not integer:
             duals[free] = solution.col_dual
-        value = float(cost @ x)
+            from_duals = _dual_bound(cost[free], lower[free], upper[free], row_lower, row_upper,
+                                     np.array(solution.row_dual, dtype=np.float64), rows[moving], index,
+                                     self.value[moving])
+            # the larger of the bound from the duals and the solver's value less its tolerances (the former is
+            # the tighter one on large weighted objectives, the latter where many duals are large)
+            bound = max(value - 1e-4 - 1e-9 * abs(value), offset + from_duals)
+            if also is not None:
+                other, divisor = also
+                other_bound = float(other[~free] @ x[~free]) + _dual_bound(
+                    other[free], lower[free], upper[free], row_lower, row_upper,
+                    np.array(solution.row_dual, dtype=np.float64) / divisor, rows[moving], index, self.value[moving])
         reported = float(info.objective_function_value)
         consistent = not integer or abs(value - reported) <= 0.5
-        return _Run(outcome, x, value, float(info.mip_dual_bound) if integer else value, duals, text, consistent)
+        return _Run(outcome, x, value, bound, duals, text, consistent, other_bound)
+
+
+def _dual_bound(cost: Vector, lower: Vector, upper: Vector, row_lower: Vector, row_upper: Vector, dual: Vector,
+                rows: npt.NDArray[np.int64], index: npt.NDArray[np.int32], value: Vector) -> float:
+    """A lower bound on the relaxation (so on every integer solution) from any row multipliers, computed here
+    rather than taken from the solver: for every x within its bounds with the rows met, cost.x = (cost - A'y).x +
+    y.Ax >= sum of min((cost - A'y)_j x_j) over the column's bounds + sum of min(y_i r_i) over the row's bounds.
+    The solver's duals make it the relaxation's optimum up to its tolerances; this bound holds whatever they are,
+    less a margin for the double-precision sums (the planner's weighted objectives reach 1e9 and more, where the
+    solver's relative tolerances would blur the integral rounding that proves a plan optimal)."""
+    y = dual.copy()
+    y[np.isinf(row_lower) & (y > 0)] = 0.0  # a multiplier pulling on a missing side is dropped (still valid)
+    y[np.isinf(row_upper) & (y < 0)] = 0.0
+    reduced = cost - np.bincount(index, weights=value * y[rows], minlength=len(cost))
+    with np.errstate(invalid="ignore"):
+        columns = np.where(reduced > 0, reduced * lower, np.where(reduced < 0, reduced * upper, 0.0))
+        sides = np.where(y > 0, y * row_lower, np.where(y < 0, y * row_upper, 0.0))
+        # the rounding of every product and sum above is at most a few dozen machine epsilons of these magnitudes
+        scale = np.maximum(np.abs(lower), np.abs(upper)) * (
+            np.abs(cost) + np.bincount(index, weights=np.abs(value * y[rows]), minlength=len(cost)))
+    total = float(columns.sum() + sides.sum())
+    if not math.isfinite(total):
+        return -math.inf
+    return total - 1e-13 * float(scale.sum() + np.abs(sides).sum()) - 1e-9
 
 
 def _fixed(lower: Vector, upper: Vector, reduced: Vector, bound: float, incumbent: float) -> tuple[Vector, Vector]:

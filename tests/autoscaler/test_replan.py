@@ -1,0 +1,113 @@
+"""Re-planning from where pods landed (issue 26) on the in-memory cluster: kube-scheduler is played by hand, putting
+pods where the autoscaler did not nominate them (as the real one's default profile does: small pods on big empty
+nodes). Displaced pods go to free capacity that exists or is in flight before anything is bought; a NodeClaim whose
+pods went elsewhere is deleted once nothing needs it, never while a pending pod does, and never one that was used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubegpu.autoscaler.objects import is_true
+from kubegpu.autoscaler.replan import SurplusTracker, keep_nominated, target_aliases
+from kubegpu.scheduling import node_info
+from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
+
+A100 = "A100-SXM4-80GB"
+TYPES = [instance_type("gpu.x1", 8, 64, 1.5, gpus=1, model=A100),
+         instance_type("gpu.x2", 16, 128, 2.2, gpus=2, model=A100),
+         instance_type("gpu.x4", 32, 256, 3.5, gpus=4, model=A100)]
+TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def gpu_pod(name: str, gpus: int) -> dict[str, Any]:
+    return pod(name, cpu="1", memory="1Gi", limits={"nvidia.com/gpu": gpus})
+
+
+def bind(h: Harness, name: str, node: str) -> None:
+    """kube-scheduler's decision, whatever the nomination said."""
+    h.writer.patch("Pod", name, {"spec": {"nodeName": node}}, namespace="default")
+    h.writer.patch("Pod", name, {"status": {"phase": "Running"}}, namespace="default", subresource="status")
+
+
+def node_of_type(h: Harness, type_name: str) -> str:
+    [claim] = [c for c in h.claims() if c["metadata"]["labels"].get(TYPE_LABEL) == type_name]
+    return str(claim["status"]["nodeName"])
+
+
+def initialized(h: Harness) -> bool:
+    return all(is_true(c, "Initialized") for c in h.claims())
+
+
+def test_a_displaced_pod_takes_a_claim_whose_pods_landed_elsewhere_instead_of_a_new_one() -> None:
+    h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
+    h.add(nodepool("gpu"))
+    for name, gpus in (("a2", 2), ("b2", 2), ("c1", 1), ("d1", 1)):
+        h.add(gpu_pod(name, gpus))
+    h.run(12, bind=False)
+    assert sorted(c["metadata"]["labels"][TYPE_LABEL] for c in h.claims()) == ["gpu.x2", "gpu.x4"]
+    assert initialized(h)
+    x4 = node_of_type(h, "gpu.x4")
+    for name in ("c1", "d1", "a2"):   # the spreading scheduler fills the big node with the small pods first
+        bind(h, name, x4)
+    h.run(12)   # b2, displaced from the x4 it was nominated to, fits the x2 whose pods went elsewhere
+    assert h.cluster.get("Pod", "b2", "default")["spec"]["nodeName"] == node_of_type(h, "gpu.x2")
+    assert len(h.claims()) == 2 and not any("terminating" in line for line in h.lines), h.lines[-5:]
+
+
+def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -> None:
+    h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
+    h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
+    h.add(gpu_pod("big", 4))
+    h.add(gpu_pod("small", 1))
+    h.run(12, bind=False)
+    assert sorted(c["metadata"]["labels"][TYPE_LABEL] for c in h.claims()) == ["gpu.x1", "gpu.x4"]
+    x1 = node_of_type(h, "gpu.x1")
+    bind(h, "small", node_of_type(h, "gpu.x4"))   # `big` is displaced; x1 is of no use to it
+    h.run(2, bind=False)
+    assert any(c["status"].get("nodeName") == x1 for c in h.claims())   # not deleted at the first sight: grace
+    h.run(20)
+    assert any("terminating (unused)" in line for line in h.lines), h.lines[-5:]
+    types = sorted(c["metadata"]["labels"][TYPE_LABEL] for c in h.claims())
+    assert types == ["gpu.x4", "gpu.x4"]   # a second x4 for `big`; x1 gone though consolidation is off
+    pods_on = {p["spec"].get("nodeName") for p in h.cluster.list("Pod")}
+    assert all(c["status"]["nodeName"] in pods_on for c in h.claims())   # no NodeClaim left empty
+
+
+def test_a_claim_that_was_used_stays_when_consolidation_is_off() -> None:
+    h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
+    h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
+    h.add(gpu_pod("job", 1))
+    h.run(12)
+    assert h.cluster.get("Pod", "job", "default")["spec"].get("nodeName")
+    h.finish("job")
+    h.run(30)
+    assert len(h.claims()) == 1 and not any("terminating" in line for line in h.lines)
+
+
+def test_keep_nominated_keeps_what_still_fits_and_replans_the_rest() -> None:
+    node = {"metadata": {"name": "n1", "labels": {}}, "spec": {},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "4"}}}
+    landed = gpu_pod("stranger", 1) | {"spec": {**gpu_pod("stranger", 1)["spec"], "nodeName": "n1"}}
+    infos = [node_info(node, [landed])]
+    pending = [gpu_pod("a", 2), gpu_pod("b", 2), gpu_pod("c", 1)]
+    claims = [{"metadata": {"name": "claim-1"}, "status": {"nodeName": "n1"}}]
+    kept, rest = keep_nominated(infos, pending, {"claim-1": {"default/a", "default/b"}},
+                                target_aliases(claims, ["n1"]))
+    assert [p["metadata"]["name"] for p in kept["n1"]] == ["a"]   # 1 GPU taken by the stranger: b no longer fits
+    assert [p["metadata"]["name"] for p in rest] == ["b", "c"]    # c was never nominated
+
+
+def test_surplus_needs_grace_and_spares_needed_used_and_replacement_claims() -> None:
+    claims = [{"metadata": {"name": n}, "status": {"nodeName": f"node-{n}"}} for n in ("idle", "needed", "used")]
+    claims.append({"metadata": {"name": "repl"}, "status": {}})
+    claims.append({"metadata": {"name": "cand", "annotations": {
+        "kubegpu.io/disruption": '{"reason": "Underutilized", "replacements": ["repl"], "launchedAt": 1}'}},
+        "status": {"nodeName": "node-cand"}})
+    pods_on = {"node-used": [gpu_pod("x", 1)], "node-cand": [gpu_pod("y", 1)]}
+    tracker = SurplusTracker(grace=3.0)
+    assert tracker.update(claims, pods_on, {"node-needed"}, 100.0) == []
+    assert tracker.update(claims, pods_on, {"node-needed"}, 102.0) == []
+    assert [c["metadata"]["name"] for c in tracker.update(claims, pods_on, {"node-needed"}, 103.0)] == ["idle"]
+    assert tracker.update(claims, pods_on, {"node-idle"}, 104.0) == []          # needed again: the clock restarts
+    assert tracker.update(claims, pods_on, set(), 105.0) == []
+    assert [c["metadata"]["name"] for c in tracker.update(claims, {}, set(), 108.0)] == ["idle", "needed"]
