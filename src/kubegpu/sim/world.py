@@ -212,15 +212,22 @@ _MPS_SLICE = f"{REPLICA_SEPARATOR}mps-"  # in the device ID of every MPS memory 
 
 
 def _view(node: SimNode) -> NodeView:
-    busy = frozenset(part.gpu_index for run in node.running for part in run.parts)
-    held_mig = frozenset(d.mig.uuid for run in node.running for d in run.devices if d.mig is not None)
-    held_mps = frozenset(d.id for run in node.running for d in run.devices if _MPS_SLICE in d.id)
+    busy: set[int] = set()
+    held_mig: set[str] = set()
+    held_mps: set[str] = set()
+    for run in node.running:  # one pass: a view is rebuilt each time a pod starts or ends on the node
+        busy.update(part.gpu_index for part in run.parts)
+        for d in run.devices:
+            if d.mig is not None:
+                held_mig.add(d.mig.uuid)
+            if _MPS_SLICE in d.id:
+                held_mps.add(d.id)
     return NodeView(
         name=node.name, group=node.group.name, model=node.model, gpus=tuple(node.gpus),
         mig={i: tuple(d) for i, d in node.mig.items()}, allocatable=dict(node.allocatable),
-        free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=busy,
+        free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=frozenset(busy),
         reconfiguring=frozenset(node.reconfiguring | set(node.mig_pending) | set(node.mps_pending)), ready=node.ready,
-        held_mig=held_mig, held_mps=held_mps,
+        held_mig=frozenset(held_mig), held_mps=frozenset(held_mps),
     )
 
 
