@@ -168,8 +168,13 @@ class DraDynamicMig(BaseStrategy):
             self._coming[(node, gpu_index)] = [r for r, _ in instances]
 
     def _release(self, sim: SimControl, views: list[NodeView], surplus: Counter[str]) -> None:
-        """Destroy instances no pod holds and no pending pod wants (the driver's unprepare)."""
+        """Destroy instances no pod holds and no pending pod wants (the driver's unprepare).
+
+        Every pass asks this of every node; only a node with a free instance of a resource in surplus can have one
+        to destroy (a free instance is one no running pod holds), so the others are passed over unread."""
         for view in views:
+            if not any(view.free.get(resource) for resource, n in surplus.items() if n > 0):
+                continue
             drop: dict[int, list[PlacedInstance]] = {}
             for gpu in view.gpus:
                 if gpu.index in view.reconfiguring or (view.name, gpu.index) in self._coming:
