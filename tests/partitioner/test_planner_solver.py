@@ -105,7 +105,7 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The budget covers the whole plan: once the solver has a plan, no HiGHS run is allowed past the plan's start
     plus its time limit (the solver stops a share earlier, kept for turning counts into per-GPU plans); before it
-    has one, a run may go on for the grace (`GRACE` times the budget) rather than fall back to the slower greedy.
+    has one, a run may go on for the grace (`grace_s`) rather than fall back to the slower greedy.
     The plan stays no worse than the greedy's."""
     nodes = [mig_node(f"n{k}", [("A100-SXM4-80GB", [("1g.10gb", s, s % 2 == 0) for s in range(7)])] * 4)
              for k in range(6)]
@@ -140,7 +140,7 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
         ended = time.perf_counter()
         assert began <= starts[-1] and all(starts[-1] <= d for d in deadlines + graced)
         assert all(d <= starts[-1] + (1 - planner_exact.FINISH_SHARE) * limit + 1e-9 for d in deadlines)
-        assert all(g <= ended + planner_exact.GRACE * limit for g in graced)
+        assert all(g <= ended + planner_exact.grace_s(limit) for g in graced)
         assert plan_violations(nodes, pods, result) == []
         problem = prepare(nodes, pods)
         assert plan_objective(problem, result) <= plan_objective(problem, plan(nodes, pods, planner="greedy"))

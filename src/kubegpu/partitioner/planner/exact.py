@@ -16,7 +16,7 @@ each keeping the value the previous one reached: pods, then churn with fragmenta
 (`solver.Lexicographic`: relaxation bound, neighbourhood incumbents, reduced-cost fixing, then branching).
 Time budget, wall clock for the whole plan (parsing, model, solver, disaggregation; HiGHS's one-off library load
 aside): the solver runs until `FINISH_SHARE` of it is left for disaggregation (or, while it has no plan at all, for
-`GRACE` times the budget after the model is built), and a plan whose pods stages it proves optimal is at least as
+`grace_s` after the model is built), and a plan whose pods stages it proves optimal is at least as
 good as any greedy plan (a churn stage the deadline stopped keeps its best plan). If it has not proven its pods by
 then, the greedy runs in all its pod orders (to the end, even past the budget: the plan is never worse than the
 greedy's) and the better plan is kept.
@@ -51,9 +51,15 @@ from kubegpu.scheduling import pod_key
 MAX_COEFFICIENT = 1e9  # pod weights above this are solved level by level (the objective stays exact in doubles)
 FINISH_SHARE = 0.1  # of the time limit, kept for turning the solver's counts into a plan per GPU and pod
 GRACE = 4.0
-"""Times the time limit the solver may run on while it has no plan at all (a large cluster on a loaded machine):
-its first plan (on fleet-scale states the optimum, proven at the root) comes in a fraction of the time the greedy
-fallback takes there (its four pod orders cost seconds on 4,096 GPUs)."""
+"""Times the time limit (or times a second, if that is more) the solver may run on while it has no plan at all (a
+large cluster, a loaded machine, a tiny budget): its first plan (on fleet-scale states the optimum, proven at the
+root) comes in a fraction of the time the greedy fallback takes there (its four pod orders cost seconds of CPU on
+4,096 GPUs)."""
+
+
+def grace_s(time_limit: float) -> float:
+    """How long after the model is built the solver may look for its first plan (see `GRACE`)."""
+    return GRACE * max(time_limit, 1.0)
 
 
 @dataclass
@@ -117,7 +123,7 @@ def exact_solve(problem: Problem, time_limit: float, started: float | None = Non
     model = build(problem, LayoutCache() if layouts is None else layouts)
     stages = _stages(model)
     outcome = Lexicographic(model.solver, stages, loader).run(None, deadline=solver_deadline,
-                                                              grace=time.perf_counter() + GRACE * time_limit)
+                                                              grace=time.perf_counter() + grace_s(time_limit))
     if outcome.values is not None and (outcome.optimal or _pods_proven(stages, outcome)):
         # every pods stage proven: no plan, the greedy's included, makes more pods schedulable; a churn stage the
         # deadline stopped keeps the best plan it had (the pods stage's, already steered towards less churn)
@@ -258,11 +264,15 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
                  supply: dict[tuple[str, str], list[tuple[int, float]]], layouts: LayoutCache) -> None:
     members: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
     gpus: dict[tuple[Any, ...], MigGpu] = {}
+    split: dict[tuple[Any, ...], tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]]] = {}
     for name, state in sorted(problem.states.items()):
         for gpu in state.gpus:
             if isinstance(gpu, MigGpu):
-                used = tuple(sorted(i for i, t in gpu.layout if t == USED))
-                free = tuple(sorted(i for i, t in gpu.layout if t != USED))
+                parts = split.get(gpu.layout)
+                if parts is None:  # in-use and free instances, once per distinct tagged layout
+                    parts = split[gpu.layout] = (tuple(sorted(i for i, t in gpu.layout if t == USED)),
+                                                 tuple(sorted(i for i, t in gpu.layout if t != USED)))
+                used, free = parts
                 key = (model.node_group[name], gpu.model.key, used, free, gpu.frozen)
                 members.setdefault(key, []).append((name, gpu.index))
                 gpus.setdefault(key, gpu)
@@ -278,12 +288,16 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str],
         for shape, (world, found) in zip(requests, layouts.mig_options_many(gpu.model, ids, requests), strict=True):
             options[(model_key, *shape)] = (world, found, ids)
     classes: dict[tuple[Any, ...], MigClass] = {}
+    named: dict[tuple[int, frozenset[int]], tuple[tuple[str, ...], tuple[bool, ...]]] = {}  # per universe
     for key, node_gpus in members.items():
         world, found, ids = options[key[1:]]
-        model_obj = gpus[key].model
-        classes[key] = MigClass(key[0], node_gpus, found, used=key[2],
-                                resources=tuple(mig_resource(model_obj, p) for p in world.profile_ids),
-                                profile_ids=world.profile_ids, wanted=tuple(p in ids for p in world.profile_ids))
+        names = named.get((id(world), ids))
+        if names is None:
+            model_obj = gpus[key].model
+            names = named[(id(world), ids)] = (tuple(mig_resource(model_obj, p) for p in world.profile_ids),
+                                               tuple(p in ids for p in world.profile_ids))
+        classes[key] = MigClass(key[0], node_gpus, found, used=key[2], resources=names[0],
+                                profile_ids=world.profile_ids, wanted=names[1])
     for mig in classes.values():
         count = len(mig.node_gpus)
         mig.columns = list(model.solver.columns_of(len(mig.options), 0, count,

@@ -184,7 +184,7 @@ def _counts_of(universe: Universe, mask: int) -> tuple[int, ...]:
 
 
 Request = tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], bool]  # in-use, free instances, frozen
-_CHUNK = 256  # classes computed together (bounds the layouts x classes x profiles arrays)
+_CHUNK = 1024  # classes computed together (bounds the layouts x classes x profiles arrays)
 
 
 class LayoutCache:

@@ -5,8 +5,9 @@ stage reached, and the stage starts from the previous stage's solution (so every
 incumbent and the plan can only get better). All objective coefficients are integers, so an absolute gap under 1
 is optimal.
 The whole run shares one deadline; a stage stopped by it returns its best solution and the run ends there. A run
-with no solution yet may have a later, grace deadline for its first stage: finding any solution of a large model
-(often the optimum, proven at the root) costs a fraction of what the fallback to a greedy would.
+may have a later, grace deadline: for finding a first solution, and for the relaxations and small neighbourhood
+programs of the pods stages (on a large model the optimum, proven at the root, costs a fraction of what the
+fallback to a greedy would); never for branching.
 
 A stage is solved in up to three steps, each exact:
   1. The linear relaxation (a few tens of milliseconds on the planner's largest models). Its optimum bounds the
@@ -214,7 +215,9 @@ class Lexicographic:
 
     def run(self, start: list[float] | None, deadline: float, grace: float | None = None) -> Outcome:
         """Solve the stages in order until `deadline`; while no solution is known (no start, and the first stage
-        has found none yet) the run may go on until `grace` (a later deadline) to find one."""
+        has found none yet) the run may go on until `grace` (a later deadline) to find one, and so may the
+        relaxations and quick incumbents of a stage with a known bound (pods: their proof spares the caller's
+        fallback), never its branching."""
         values = None if start is None else np.array(start, dtype=np.float64)
         final = deadline
         outcome = Outcome(start, "optimal", stages=len(self.stages))
@@ -224,7 +227,8 @@ class Lexicographic:
             return outcome
         for stage in self.stages:
             cost = self._cost(stage)
-            deadline = final if values is not None or grace is None else max(final, grace)
+            graced = grace is not None and (values is None or stage.known is not None)
+            deadline = max(final, grace) if graced and grace is not None else final
             if time.perf_counter() >= deadline:
                 outcome.status = f"time limit reached before the {stage.name} stage"
                 break
@@ -273,6 +277,11 @@ class Lexicographic:
         def until() -> float:
             return deadlines[0] if incumbent is None else min(deadlines)
 
+        def quick() -> float:
+            """The deadline of the relaxations and small neighbourhood programs: a stage with a known bound (pods)
+            may use the grace for them too, as its proof spares the greedy fallback; branching never does."""
+            return deadlines[0] if known is not None else until()
+
         best = math.inf if start is None else float(cost @ start)
         lower, upper = self.lower, self.upper
         bound = -math.inf
@@ -282,7 +291,7 @@ class Lexicographic:
         if known is not None and steerable:
             # the relaxation of the combined objective first: when it reaches the stage's known bound (every pod
             # served), that bound is the relaxation's too, and the stage's own relaxation is not needed
-            steered = self._run(cost * spread + then, lower, upper, False, until(), also=(cost, spread))
+            steered = self._run(cost * spread + then, lower, upper, False, quick(), also=(cost, spread))
             if steered.kind == "optimal" and steered.x is not None and float(cost @ steered.x) <= known + 1e-6:
                 relaxed = _Run("optimal", steered.x, known, known, np.zeros(0), steered.status)
             elif steered.kind == "optimal" and steered.x is not None and math.isfinite(steered.also):
@@ -291,7 +300,7 @@ class Lexicographic:
                 relaxed = _Run("optimal", steered.x, float(cost @ steered.x), steered.also, np.zeros(0),
                                steered.status)
         if relaxed is None:
-            relaxed = self._run(cost, lower, upper, False, until())
+            relaxed = self._run(cost, lower, upper, False, quick())
         if relaxed.kind == "optimal" and relaxed.x is not None:
             bound = relaxed.bound  # computed from the duals, safe against the solver's tolerances
             proven = math.ceil(bound - 1e-9)  # the objective is integral
@@ -313,23 +322,34 @@ class Lexicographic:
             if steerable:
                 guided = cost * spread + then
                 if steered is None:
-                    steered = self._run(guided, lower, upper, False, until())
+                    steered = self._run(guided, lower, upper, False, quick())
                 if steered.kind == "optimal" and steered.x is not None:
                     around = steered.x
             rounded = np.round(around)
             for neighbourhood in ("support", "disagreement", "union"):
-                if time.perf_counter() >= until() or (neighbourhood != "support" and incumbent is None):
+                if time.perf_counter() >= quick() or (neighbourhood != "support" and incumbent is None):
                     break
+                if neighbourhood == "union" and not len(relaxed.duals):
+                    # bounded by the combined relaxation so far: this stage's own one now, for its bound, for
+                    # the union's support and for reduced-cost fixing
+                    relaxed = self._run(cost, lower, upper, False, quick())
+                    if relaxed.kind != "optimal" or relaxed.x is None:
+                        break
+                    bound = max(bound, relaxed.bound)
+                    proven = math.ceil(bound - 1e-9)
+                    if best <= proven + 1e-9:
+                        return _Step(incumbent, StageResult(name, best, best, True), "optimal")
                 around_incumbent = neighbourhood != "support"
                 if neighbourhood == "disagreement":
                     assert incumbent is not None
                     agree = np.abs(around - incumbent) <= _INTEGRAL
                 elif neighbourhood == "union":
                     assert incumbent is not None
+                    assert relaxed.x is not None
                     agree = (around <= lower + _INTEGRAL) & (relaxed.x <= lower + _INTEGRAL) & (incumbent <= lower)
                 else:
                     agree = around <= lower + _INTEGRAL
-                left = until() - time.perf_counter()
+                left = quick() - time.perf_counter()
                 dive = self._run(guided, np.where(agree, rounded, lower), np.where(agree, rounded, upper), True,
                                  time.perf_counter() + _DIVE_SHARE * left, incumbent if around_incumbent else None)
                 if dive.x is not None and dive.consistent and (
@@ -341,7 +361,7 @@ class Lexicographic:
             if incumbent is not None and best <= proven + 1e-9:
                 return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and not len(relaxed.duals):  # bounded by the steered one: its own wanted
-                relaxed = self._run(cost, lower, upper, False, until())
+                relaxed = self._run(cost, lower, upper, False, quick())
                 if relaxed.kind == "optimal":
                     bound = max(bound, relaxed.bound)
                     proven = math.ceil(bound - 1e-9)
