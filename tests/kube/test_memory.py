@@ -291,3 +291,20 @@ def test_replaying_a_watch_rebuilds_the_selected_list(operations: list[tuple[str
             replayed[name] = event.object
     listed = cluster.list("Node", label_selector=selector)
     assert [replayed[name] for name in sorted(replayed)] == listed
+
+
+def test_update_patches_like_patch_without_handing_a_copy_back() -> None:
+    cluster = MemoryCluster(VirtualClock(0))
+    cluster.create(node("n1", {"a": "1"}))
+    seen_events: list[WatchEvent] = []
+    cluster.subscribe("Node", seen_events.append)
+    body = {"metadata": {"labels": {"a": None, "b": "2"}}}
+    assert cluster.update("Node", "n1", body) is None
+    stored = cluster.get("Node", "n1")
+    assert stored["metadata"]["labels"] == {"b": "2"} and [e.type for e in seen_events] == ["MODIFIED"]
+    body["metadata"]["labels"]["b"] = "changed later"  # the body was copied: the store is not affected
+    assert cluster.get("Node", "n1")["metadata"]["labels"] == {"b": "2"}
+    cluster.update("Node", "n1", {"status": {"capacity": {"cpu": "1"}}}, subresource="status")
+    assert cluster.get("Node", "n1")["status"] == {"capacity": {"cpu": "1"}}
+    with pytest.raises(NotFound):
+        cluster.update("Node", "gone", {"metadata": {"labels": {}}})

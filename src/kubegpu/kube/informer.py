@@ -75,6 +75,7 @@ class _KindCache:
     kind: str
     objects: dict[_Key, dict[str, Any]] = field(default_factory=dict)
     ordered: builtins.list[dict[str, Any]] | None = None
+    keys: builtins.list[_Key] | None = None  # sorted; None when an object came or went since
     version: str = ""
     synced: threading.Event = field(default_factory=threading.Event)
     served: bool = True        # False while the API server answers NotFound for the kind (CRD not installed)
@@ -149,11 +150,13 @@ class InformedCluster(Cluster):
         except NotFound:
             with self._lock:
                 cache.served, cache.objects, cache.ordered, cache.version = False, {}, None, ""
+                cache.keys = None
                 cache.lists += 1
             cache.synced.set()
             raise
         with self._lock:
             cache.objects = {_key(obj): obj for obj in items}
+            cache.keys = None
             cache.ordered, cache.version, cache.served, cache.error = None, version, True, ""
             cache.lists += 1
         cache.synced.set()
@@ -161,13 +164,17 @@ class InformedCluster(Cluster):
     def _apply(self, cache: _KindCache, type_: str, obj: dict[str, Any]) -> None:
         key = _key(obj)
         with self._lock:
+            current = cache.objects.get(key)
             if type_ == "DELETED":
-                cache.objects.pop(key, None)
-            elif newer_or_same(obj, cache.objects.get(key)):
+                if cache.objects.pop(key, None) is not None:
+                    cache.keys = None
+            elif newer_or_same(obj, current):
                 cache.objects[key] = obj
+                if current is None:
+                    cache.keys = None
             else:
                 return
-            cache.ordered = None
+            cache.ordered = None  # a change keeps the order of the others: only a new or gone key sorts again
 
     def _run(self, cache: _KindCache) -> None:
         """List once; watch in windows resuming from the last version; list again only on 410 Gone."""
@@ -221,13 +228,16 @@ class InformedCluster(Cluster):
             raise NotFound(f"list {kind}: the server could not find the requested resource")
         with self._lock:
             if cache.ordered is None:
-                cache.ordered = [obj for _, obj in sorted(cache.objects.items())]
+                if cache.keys is None:
+                    cache.keys = sorted(cache.objects)
+                objects = cache.objects
+                cache.ordered = [objects[key] for key in cache.keys]
             ordered, version = cache.ordered, cache.version
         if namespace or label_selector:
             selector = parse_label_selector(label_selector)
             ordered = [obj for obj in ordered if (not namespace or _key(obj)[0] == namespace)
                        and selector.matches((obj.get("metadata") or {}).get("labels"))]
-        return [self._out(obj) for obj in ordered], version
+        return ([self._out(obj) for obj in ordered] if self.copy else builtins.list(ordered)), version
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         cache = self._cache_for(kind)

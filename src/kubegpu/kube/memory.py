@@ -161,6 +161,18 @@ class MemoryCluster(Cluster):
         patch_type: str = "merge",
         subresource: str | None = None,
     ) -> dict[str, Any]:
+        with self._lock:
+            return clone(self._patched(kind, name, patch, namespace, patch_type, subresource))
+
+    def update(self, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None,
+               subresource: str | None = None) -> None:
+        """A merge `patch` whose result the caller does not need: no copy of the stored object is handed back,
+        which is most of a patch's cost on a large object (the simulator's hot path: agents' reports, bindings)."""
+        self._patched(kind, name, patch, namespace, "merge", subresource)
+
+    def _patched(self, kind: str, name: str, patch: dict[str, Any] | builtins.list[Any], namespace: str | None,
+                 patch_type: str, subresource: str | None) -> dict[str, Any]:
+        """Apply a patch; the stored object after it (not a copy: callers must not modify it)."""
         spec = resource_kind(kind)
         self._check_patch_request(spec, patch_type, subresource)
         key = (self._namespace(spec, namespace), name)
@@ -178,12 +190,12 @@ class MemoryCluster(Cluster):
                 )
             new = self._updated(spec, current, patched, subresource, key)
             if new == current:
-                return clone(current)
+                return current
             if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
                 self._commit(kind, key, "DELETED", new, current)
             else:
                 self._commit(kind, key, "MODIFIED", new, current)
-            return clone(new)
+            return new
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         spec = resource_kind(kind)

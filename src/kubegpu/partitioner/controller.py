@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.gpu.catalog import get_model
@@ -28,6 +28,7 @@ from kubegpu.partitioner.planner import (
     DEFAULT_TIME_LIMIT_S,
     CurrentInstance,
     GpuInput,
+    Mode,
     MpsSlice,
     NodeInput,
     Plan,
@@ -38,6 +39,7 @@ from kubegpu.partitioner.snapshot import optimality_line
 from kubegpu.scheduling import is_finished, is_scheduling_gated, pod_key, pod_requests
 
 log = logging.getLogger("kubegpu.partitioner")
+T = TypeVar("T")
 COMPONENT = "kubegpu-partitioner"
 LEASE_NAME = "kubegpu-partitioner"
 
@@ -76,10 +78,16 @@ def node_input(node: dict[str, Any], pods: Iterable[dict[str, Any]]) -> tuple[No
     mode = node_mode(node)
     if mode is None:
         return None, []
+    gpus, errors = reported_gpus(node, mode)
+    if not gpus:
+        return None, errors
+    return NodeInput(name=node["metadata"]["name"], mode=mode, node=node, gpus=gpus, pods=tuple(pods)), errors
+
+
+def reported_gpus(node: Mapping[str, Any], mode: str) -> tuple[tuple[GpuInput, ...], list[str]]:
+    """The GPUs the agent reported in the node's status annotations, and the lines it could not read."""
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     reported, errors = ann.parse_status(annotations, mode)
-    if not reported:
-        return None, errors
     gpus = []
     for gpu in reported:
         try:
@@ -91,8 +99,86 @@ def node_input(node: dict[str, Any], pods: Iterable[dict[str, Any]]) -> tuple[No
             instances=tuple(CurrentInstance(i.profile_id, i.start, used) for i, used in gpu.instances),
             slices=tuple(MpsSlice(gb, used) for gb, used in gpu.slices),
         ))
-    name = node["metadata"]["name"]
-    return NodeInput(name=name, mode=mode, node=node, gpus=tuple(gpus), pods=tuple(pods)), errors
+    return tuple(gpus), errors
+
+
+class VersionMemo(Generic[T]):
+    """What a pass derives from each object, kept until the object's resourceVersion changes.
+
+    Every pass re-reads every Node and Pod; between two passes (5 s) only a few change, so deriving each one's facts
+    (is the pod one a re-cut could help, where is it bound; what did the node's agent report) once per version
+    saves the controller most of its work at fleet scale. Objects are told apart by uid (by namespace and name
+    without one); an object without a resourceVersion (hand-built in a test) is derived afresh each time."""
+
+    def __init__(self, derive: Callable[[dict[str, Any]], T]) -> None:
+        self._derive = derive
+        self._seen: dict[Any, tuple[str, T]] = {}
+        self._same: dict[int, tuple[dict[str, Any], T]] = {}  # id → the very object last seen, and its facts
+
+    def of(self, objects: list[dict[str, Any]]) -> list[T]:
+        """Each object's facts, in order; what the memo keeps is exactly these objects' (the rest are gone).
+
+        An informer that hands out its cached objects without copying (`InformedCluster(copy=False)`) gives the
+        very same dict again until the object changes: that is recognised first, by identity, at the cost of one
+        lookup; a copy is recognised by its uid and resourceVersion."""
+        seen, same, derive = self._seen, self._same, self._derive
+        kept: dict[Any, tuple[str, T]] = {}
+        kept_same: dict[int, tuple[dict[str, Any], T]] = {}
+        out = []
+        for obj in objects:
+            hit = same.get(id(obj))
+            if hit is not None and hit[0] is obj:
+                kept_same[id(obj)] = hit
+                out.append(hit[1])
+                continue
+            meta = obj.get("metadata") or {}
+            version = meta.get("resourceVersion")
+            if version is None:
+                out.append(derive(obj))
+                continue
+            key = meta.get("uid") or (meta.get("namespace"), meta.get("name"))
+            found = seen.get(key)
+            if found is None or found[0] != version:
+                found = (version, derive(obj))
+            kept[key] = found
+            kept_same[id(obj)] = (obj, found[1])
+            out.append(found[1])
+        self._seen, self._same = kept, kept_same
+        return out
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What a pass needs of a pod: its key, whether a re-cut could help it, and the node it holds resources on."""
+
+    key: str
+    helps: bool
+    bound_to: str | None  # its node while it is bound and not finished
+
+
+def pod_facts(pod: dict[str, Any]) -> PodFacts:
+    where = (pod.get("spec") or {}).get("nodeName")
+    return PodFacts(pod_key(pod), could_help(pod), where if where and not is_finished(pod) else None)
+
+
+class NodeFacts:
+    """What a pass needs of a node: how it opted in, a bad opt-in label, a plan in flight, and (read only when a
+    plan is made, then kept) the agent's report."""
+
+    def __init__(self, node: dict[str, Any]) -> None:
+        self.node = node
+        self.mode: Mode | None = node_mode(node)
+        value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
+        self.bad_label = (f"label {ann.PARTITIONING_LABEL}: must be mig or mps, not {value!r}; node left alone"
+                          if value is not None and self.mode is None else None)
+        self.in_flight = in_flight(node)
+        self._report: tuple[tuple[GpuInput, ...], list[str]] | None = None
+
+    def report(self) -> tuple[tuple[GpuInput, ...], list[str]]:
+        """The GPUs the agent reported and the lines it could not read (`reported_gpus`)."""
+        if self._report is None:
+            self._report = reported_gpus(self.node, self.mode) if self.mode is not None else ((), [])
+        return self._report
 
 
 # --- the controller -------------------------------------------------------------------------------------------
@@ -126,6 +212,8 @@ class PartitionerController:
     _last_plan_id: int = 0
     _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
     _reported: set[tuple[str, str]] = field(default_factory=set)  # (object, reason) already turned into an Event
+    _pod_facts: VersionMemo[PodFacts] = field(default_factory=lambda: VersionMemo(pod_facts))
+    _node_facts: VersionMemo[NodeFacts] = field(default_factory=lambda: VersionMemo(NodeFacts))
 
     def __post_init__(self) -> None:
         self._planner = Planner(self.planner, self.time_limit)
@@ -140,15 +228,19 @@ class PartitionerController:
             self.batcher.reset()
             return TickResult(leader=False)
         all_nodes = self.cluster.list("Node")
-        nodes = [n for n in all_nodes if node_mode(n) is not None]
-        self._report_bad_labels(all_nodes)
-        pods = self.cluster.list("Pod")
+        nodes = []
+        for node, facts in zip(all_nodes, self._node_facts.of(all_nodes), strict=True):
+            if facts.mode is not None:
+                nodes.append((node, facts))
+            elif facts.bad_label is not None:  # a typo would otherwise leave the node silently out
+                self._event_once(node, "PartitioningSkipped", facts.bad_label)
+        all_pods = self.cluster.list("Pod")
+        pods = list(zip(all_pods, self._pod_facts.of(all_pods), strict=True))
         self._forget_served(nodes)
-        pending = [p for p in pods if could_help(p) and pod_key(p) not in self._serving]
-        pending_keys = {pod_key(p) for p in pending}
+        pending = [(pod, facts) for pod, facts in pods if facts.helps and facts.key not in self._serving]
+        pending_keys = {facts.key for _, facts in pending}
         self.batcher.discard(self.batcher.items - pending_keys)
-        for key in sorted(pending_keys):
-            self.batcher.add(key, now)
+        self.batcher.add(sorted(pending_keys), now)
         if not self.batcher.ready(now):
             return TickResult(leader=True)
         self.batcher.reset()
@@ -163,27 +255,31 @@ class PartitionerController:
     # simulator, where pods can stay unservable for simulated hours and a window closes every few seconds; a real
     # cluster keeps it off, so every window counts in kubegpu_partitioner_plans_total.
 
-    def _forget_served(self, nodes: list[dict[str, Any]]) -> None:
-        busy = {n["metadata"]["name"] for n in nodes if in_flight(n)}
-        self._serving = {k: v for k, v in self._serving.items() if v in busy}
+    def _forget_served(self, nodes: list[tuple[dict[str, Any], NodeFacts]]) -> None:
+        if self._serving:
+            busy = {node["metadata"]["name"] for node, facts in nodes if facts.in_flight}
+            self._serving = {k: v for k, v in self._serving.items() if v in busy}
 
-    def _plan_and_write(self, now: float, nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
-                        pending: list[dict[str, Any]]) -> TickResult:
+    def _plan_and_write(self, now: float, nodes: list[tuple[dict[str, Any], NodeFacts]],
+                        pods: list[tuple[dict[str, Any], PodFacts]],
+                        pending_facts: list[tuple[dict[str, Any], PodFacts]]) -> TickResult:
         bound: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            where = (pod.get("spec") or {}).get("nodeName")
-            if where and not is_finished(pod):
-                bound.setdefault(where, []).append(pod)
+        for pod, facts in pods:
+            if facts.bound_to is not None:
+                bound.setdefault(facts.bound_to, []).append(pod)
         inputs = []
-        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-            if in_flight(node):
+        for node, node_seen in sorted(nodes, key=lambda n: n[0]["metadata"]["name"]):
+            if node_seen.in_flight or node_seen.mode is None:
                 continue
-            view, errors = node_input(node, bound.get(node["metadata"]["name"], []))
+            gpus, errors = node_seen.report()
             for error in errors:
                 self._event_once(node, "PartitioningStatusInvalid", error)
-            if view is not None:
-                inputs.append(view)
-        signature = (tuple(pod_key(p) for p in pending), tuple(inputs))
+            if gpus:
+                name = node["metadata"]["name"]
+                inputs.append(NodeInput(name=name, mode=node_seen.mode, node=node, gpus=gpus,
+                                        pods=tuple(bound.get(name, ()))))
+        pending = [pod for pod, _ in pending_facts]
+        signature = (tuple(facts.key for _, facts in pending_facts), tuple(inputs))
         if self.skip_futile_plans and signature == self._futile:
             return TickResult(leader=True, skipped=True)
         started = time.perf_counter()
@@ -245,14 +341,6 @@ class PartitionerController:
         for gpu in result.nodes[view.name].gpus:
             if gpu.error:
                 self._event_once(view.node, "PartitioningSkipped", f"GPU {gpu.index}: {gpu.error}")
-
-    def _report_bad_labels(self, nodes: list[dict[str, Any]]) -> None:
-        """A typo in the opt-in label would otherwise leave the node silently out of partitioning."""
-        for node in nodes:
-            value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
-            if value is not None and node_mode(node) is None:
-                self._event_once(node, "PartitioningSkipped",
-                                 f"label {ann.PARTITIONING_LABEL}: must be mig or mps, not {value!r}; node left alone")
 
     def _report_unschedulable(self, pending: list[dict[str, Any]], result: Plan) -> None:
         """An Event once per pod and reason: what no re-cut can fix is worth telling the user about."""

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kubegpu.errors import ConfigError
-from kubegpu.gpu.backend import GpuDevice
+from kubegpu.gpu.backend import GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance
 from kubegpu.kube.errors import NotFound
@@ -52,6 +52,7 @@ from kubegpu.sim.strategies import (
     smallest_slice_request,
 )
 from kubegpu.sim.workload import Job
+from kubegpu.sim.world import write_patch
 
 MIG_RECONFIGURE_DELAY_S = 15.0
 MPS_RECONFIGURE_DELAY_S = 5.0
@@ -95,6 +96,7 @@ class _Dynamic(BaseStrategy):
         self.handled: dict[str, str] = {}  # node → the last plan id its agent reported
         self._status: dict[str, tuple[NodeView, tuple[str | None, int], dict[str, str]]] = {}  # node → last report
         self._gpu_status: dict[tuple[str, ann.ReportedGpu], dict[str, str]] = {}  # one GPU's part of a report
+        self._gpu_same: dict[int, tuple[ann.ReportedGpu, dict[str, str]]] = {}  # the same, by the object's id
         self.plans = 0
         self.recuts = 0
         self.skipped = 0  # windows not planned: same input as the last plan, which changed nothing
@@ -135,16 +137,23 @@ class _Dynamic(BaseStrategy):
         status = ann.status_annotations(self.mode, self.reported_gpus(view), plan_id, self._gpu_part)
         patch = ann.replace_family(last[2] if last is not None else {}, status, "status")
         if patch:
-            sim.cluster.patch("Node", view.name, {"metadata": {"annotations": patch}})
+            write_patch(sim.cluster, "Node", view.name, {"metadata": {"annotations": patch}})
         self._status[view.name] = (view, basis, status)
 
     def _gpu_part(self, mode: str, gpu: ann.ReportedGpu) -> dict[str, str]:
-        """A GPU's status annotations, remembered: most GPUs report the same instances pass after pass."""
+        """A GPU's status annotations, remembered: most GPUs report the same instances pass after pass (and
+        `reported_gpus` hands the very same `ReportedGpu` back for a GPU that did not change: found by identity)."""
+        same = self._gpu_same.get(id(gpu))
+        if same is not None and same[0] is gpu:
+            return same[1]
         found = self._gpu_status.get((mode, gpu))
         if found is None:
             if len(self._gpu_status) > 100_000:
                 self._gpu_status.clear()
             found = self._gpu_status[(mode, gpu)] = ann.gpu_status_annotations(mode, gpu)
+        if len(self._gpu_same) > 100_000:
+            self._gpu_same.clear()
+        self._gpu_same[id(gpu)] = (gpu, found)
         return found
 
     def apply(self, sim: SimControl, view: NodeView, now: float) -> None:
@@ -191,6 +200,7 @@ class DynamicMig(_Dynamic):
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, **options)
         self.offered: dict[str, float] = {}  # resource → GiB, every non-media profile of the MIG models seen
+        self._last_gpus: dict[str, tuple[frozenset[str], dict[int, Any]]] = {}  # node → held, GPU → its last part
         self.whole_gpus = False
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
@@ -214,11 +224,26 @@ class DynamicMig(_Dynamic):
 
     def reported_gpus(self, view: NodeView) -> list[ann.ReportedGpu]:
         """Every instance, marked used when a running pod holds it (by MIG UUID). Busy GPUs are not frozen: the
-        planner keeps used instances where they are and may re-cut the free space around them."""
-        return [ann.ReportedGpu(gpu.index, view.model.key, instances=tuple(
-                    (PlacedInstance(mig.profile_id, mig.start), mig.uuid in view.held_mig)
-                    for mig in view.mig.get(gpu.index, ())))
-                for gpu in view.gpus]
+        planner keeps used instances where they are and may re-cut the free space around them.
+
+        A node is reported again whenever a pod on it starts or ends, but that touches one or two of its GPUs: a
+        GPU whose instances and held instances are those of the node's last report gets its last `ReportedGpu`
+        back (the same object), and only the others are built again."""
+        held = view.held_mig
+        last = self._last_gpus.get(view.name)
+        changed = held ^ last[0] if last is not None else held
+        parts: dict[int, tuple[Sequence[MigDevice], frozenset[str], ann.ReportedGpu]] = {}
+        gpus = []
+        for gpu in view.gpus:
+            migs = view.mig.get(gpu.index, ())
+            part = last[1].get(gpu.index) if last is not None else None
+            if part is None or part[0] != migs or not changed.isdisjoint(part[1]):
+                part = (migs, frozenset(mig.uuid for mig in migs), ann.ReportedGpu(gpu.index, view.model.key, tuple(
+                    (PlacedInstance(mig.profile_id, mig.start), mig.uuid in held) for mig in migs)))
+            parts[gpu.index] = part
+            gpus.append(part[2])
+        self._last_gpus[view.name] = (held, parts)
+        return gpus
 
     def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
         desired = ann.parse_spec(annotations, "mig", {gpu.index: view.model for gpu in view.gpus})

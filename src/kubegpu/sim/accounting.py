@@ -37,6 +37,7 @@ from kubegpu.sim.world import (
     SimNode,
     _partition_key,
     _unique,
+    write_patch,
 )
 
 
@@ -133,9 +134,9 @@ class Accounting(SimCore):
             refresh_shares(self.strategy, run)
         self.metrics.started(run, now)
         name, namespace = run.pod["metadata"]["name"], run.pod["metadata"]["namespace"]
-        self.cluster.patch("Pod", name, {"spec": {"nodeName": node.name}}, namespace=namespace)
-        self.cluster.patch("Pod", name, {"status": {"phase": "Running"}}, namespace=namespace,
-                           subresource="status")
+        write_patch(self.cluster, "Pod", name, {"spec": {"nodeName": node.name}}, namespace=namespace)
+        write_patch(self.cluster, "Pod", name, {"status": {"phase": "Running"}}, namespace=namespace,
+                    subresource="status")
         if node.rejects_multiple_shared and run.request.count > 1 and run.devices[0].shared:
             self._stop(run, "rejected")  # the device plugin's Allocate fails: the kubelet fails the pod
             return

@@ -15,6 +15,7 @@ from kubegpu.errors import KubegpuError
 from kubegpu.gpu.backend import GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance
+from kubegpu.kube.memory import MemoryCluster
 from kubegpu.scheduling import NodeInfo, PodRequirements
 from kubegpu.sharing.devices import (
     REPLICA_SEPARATOR,
@@ -183,6 +184,16 @@ class SimCore:
 
     def _stop(self, run: Attempt, outcome: str) -> None:
         raise NotImplementedError
+
+
+def write_patch(cluster: Any, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None,
+                subresource: str | None = None) -> None:
+    """A merge patch whose result the simulator does not read: the in-memory store skips copying the object back
+    (`MemoryCluster.update`); any other cluster patches as usual."""
+    if isinstance(cluster, MemoryCluster):
+        cluster.update(kind, name, patch, namespace=namespace, subresource=subresource)
+    else:
+        cluster.patch(kind, name, patch, namespace=namespace, subresource=subresource)
 
 
 def _partition_key(device: AnnotatedDevice) -> str:
