@@ -39,6 +39,7 @@ import random
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,10 @@ def run_e2e(args: argparse.Namespace) -> int:
     if not sizes or any(s <= 0 for s in sizes) or args.trials <= 0:
         raise SystemExit(f"error: --pods and --trials: positive whole numbers (got {args.pods!r}, {args.trials})")
     binary = kwok_binary(CACHE, MODULE, VERSION)
+    # SIGTERM (and SIGINT, which a shell's background job ignores otherwise) end the run through the trial's
+    # `finally`: the autoscaler, the control plane and its directory go with it
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, _frame: sys.exit(128 + number))
     keep = Path(args.keep_logs).resolve() if args.keep_logs else None
 
     def say(line: str) -> None:

@@ -58,7 +58,7 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
         real_cluster: RealCluster, namespace: str, pool_name: str) -> None:
     cluster = real_cluster.cluster()
     clock = RealClock()
-    provider = SimulatedProvider(cluster, shipped_catalogue(), clock, registration_delay=0.5)
+    provider = SimulatedProvider(cluster, shipped_catalogue(), clock, registration_delay=0.5, parallelism=16)
     lines: list[str] = []
     options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16)
     scaler = Autoscaler(cluster, provider, clock, options, log=lines.append)

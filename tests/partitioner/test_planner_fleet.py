@@ -20,7 +20,8 @@ import pytest
 
 from kubegpu.partitioner.planner import Plan, Planner, plan, plan_violations, pod_key, pod_priority
 from kubegpu.partitioner.planner import exact as planner_exact
-from kubegpu.partitioner.planner.solver import Lexicographic, Solver, Stage, _dual_bound
+from kubegpu.partitioner.planner.bounds import dual_bound
+from kubegpu.partitioner.planner.solver import Lexicographic, Solver, Stage
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "partitioner_quality.py"
 
@@ -81,7 +82,7 @@ def test_the_bound_from_any_duals_is_below_the_optimum_and_tight_at_the_solvers(
     rng = np.random.default_rng(0)
     for _ in range(200):
         duals = rng.normal(0.0, 3.0, size=2)
-        assert _dual_bound(cost, lower, upper, row_lower, row_upper, duals, rows, index, value) <= -14.0 + 1e-9
+        assert dual_bound(cost, lower, upper, row_lower, row_upper, duals, rows, index, value) <= -14.0 + 1e-9
     solver = Solver()
     columns = [solver.column(0, 3) for _ in range(3)]
     solver.row(None, 4.5, [(c, 1.0) for c in columns])

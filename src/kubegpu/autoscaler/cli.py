@@ -257,7 +257,8 @@ def autoscaler_command(
                                   isolated_vpc=isolated_vpc, log=lambda line: console.log(line))
     else:
         types = load_instance_types(instance_types) if instance_types else default_instance_types()
-        scaler = Autoscaler(cluster, SimulatedProvider(cluster, types, clock, registration_delay), clock, options,
+        scaler = Autoscaler(cluster, SimulatedProvider(cluster, types, clock, registration_delay,
+                                                     parallelism=options.parallelism), clock, options,
                             log=lambda line: console.log(line), elector=elector)
     if once:
         scaler.step()

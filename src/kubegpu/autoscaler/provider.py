@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -132,11 +133,12 @@ class SimulatedProvider(InstanceListing):
     name = "kubegpu-sim"
 
     def __init__(self, cluster: Cluster, instance_types: Sequence[InstanceType], clock: Clock,
-                 registration_delay: float = 30.0) -> None:
+                 registration_delay: float = 30.0, parallelism: int = 1) -> None:
         self.cluster = cluster
         self.types = list(instance_types)
         self.clock = clock
         self.registration_delay = registration_delay
+        self.parallelism = max(1, parallelism)   # nodes a tick updates at a time (the command: 16, as launches)
         self.instances: dict[str, _Instance] = {}
         self.create_calls = 0
 
@@ -192,26 +194,33 @@ class SimulatedProvider(InstanceListing):
         controller, whose Node informer can lag its Pod informer, could delete the pod as if the taint were still
         there (kubernetes#119862)."""
         now = self.clock.now()
-        for inst in list(self.instances.values()):  # launches (other threads of `run`) add to it meanwhile
-            if inst.published or now < inst.created + self.registration_delay:
-                continue
-            try:
-                node = self.cluster.get("Node", inst.node_name)
-            except KubegpuError:
-                continue
-            status: dict[str, Any] = {}
-            if not inst.ready:
-                status.update({"phase": "Running",
-                               "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
-            registered = not has_taint(node, L.UNREGISTERED_TAINT)
-            if registered and inst.backend is not None:
-                sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
-                gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
-                status["allocatable"] = {**((node.get("status") or {}).get("allocatable") or {}), **gpu}
-                status["capacity"] = {**((node.get("status") or {}).get("capacity") or {}), **gpu}
-            if status:
-                self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
-            inst.ready, inst.published = True, registered
+        due = [inst for inst in list(self.instances.values())   # launches (other threads of `run`) add meanwhile
+               if not inst.published and now >= inst.created + self.registration_delay]
+        if self.parallelism > 1 and len(due) > 1:   # a burst's nodes come up together, not one API call at a time
+            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(due))) as pool:
+                list(pool.map(self._tick_one, due))
+        else:
+            for inst in due:
+                self._tick_one(inst)
+
+    def _tick_one(self, inst: _Instance) -> None:
+        try:
+            node = self.cluster.get("Node", inst.node_name)
+        except KubegpuError:
+            return
+        status: dict[str, Any] = {}
+        if not inst.ready:
+            status.update({"phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
+        registered = not has_taint(node, L.UNREGISTERED_TAINT)
+        if registered and inst.backend is not None:
+            sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
+            gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
+            status["allocatable"] = {**((node.get("status") or {}).get("allocatable") or {}), **gpu}
+            status["capacity"] = {**((node.get("status") or {}).get("capacity") or {}), **gpu}
+        if status:
+            self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
+        inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
         provider_id = (nodeclaim.get("status") or {}).get("providerID")

@@ -157,8 +157,7 @@ def preflight(directory: Path, gpus: str) -> int:
     from kubegpu.gpu.simulated import parse_gpu_spec
 
     parse_gpu_spec(gpus)  # a bad --gpus fails before anything starts
-    reason = unavailable_reason()
-    if reason:
+    if reason := unavailable_reason():
         raise RealNodeError(reason)
     fd = _acquire_lock(directory)
     for path, pid, cmdline in stop_orphans_serving(DEVICE_PLUGIN_DIR):  # would register with our kubelet

@@ -4,9 +4,9 @@ One entry point, a `Planner` (or the one-shot `plan(nodes, pods, planner=..., ti
 planners share every input, output and check, so the controller, the agent, the simulator and `kubegpu plan` do
 not care which one runs:
 
-* `exact` (the default): a mixed-integer model solved by HiGHS (`exact`, driven by `solver`), never worse than the
-  greedy; `time_limit` is the wall-clock budget for the whole plan, and the plan says whether it is proven optimal
-  (`Plan.optimal`, `Plan.bound`).
+* `exact` (the default): a mixed-integer model solved by HiGHS (`exact`, driven by `solver`, bounded by `bounds`),
+  never worse than the greedy; `time_limit` is the wall-clock budget for the whole plan, and the plan says whether
+  it is proven optimal (`Plan.optimal`, `Plan.bound`).
 * `greedy`: the fast heuristic (`greedy`): four pod orders, the best plan wins.
 
 Both work on the vocabulary in `model` (inputs, `Plan`, `plan_violations`), the pods' eligibility in `pods` and the

@@ -202,7 +202,7 @@ def _gpu_state(mode: Mode, gpu: GpuInput, cache: GpuCache) -> tuple[GpuState | N
     problem = cache.layout_error(gpu.model, layout)
     if problem:
         return None, f"current layout is not legal: {problem}"
-    tagged = tuple((PlacedInstance(i.profile_id, i.start), USED if i.used else FREE) for i in gpu.instances)
+    tagged = tuple((placed, USED if i.used else FREE) for placed, i in zip(layout, gpu.instances, strict=True))
     return MigGpu(gpu.index, gpu.model, tagged, layout, gpu.frozen, cache), None
 
 

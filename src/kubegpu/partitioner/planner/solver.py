@@ -41,6 +41,8 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.partitioner.planner.bounds import dual_bound, fixed_by_reduced_costs
+
 Vector = npt.NDArray[np.float64]
 _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixFormat, ObjSense and HighsVarType values
 _INTEGRAL = 1e-6  # a relaxed value this close to an integer is that integer
@@ -368,7 +370,7 @@ class Lexicographic:
                     if best <= proven + 1e-9:
                         return _Step(incumbent, StageResult(name, best, best, True), "optimal")
             if incumbent is not None and relaxed.kind == "optimal" and len(relaxed.duals):
-                lower, upper = _fixed(lower, upper, relaxed.duals, bound, best)
+                lower, upper = fixed_by_reduced_costs(lower, upper, relaxed.duals, bound, best)
         if time.perf_counter() >= until():
             if incumbent is None:
                 return _Step(None, None, f"time limit reached in the {name} stage")
@@ -407,7 +409,7 @@ class Lexicographic:
         deadline. Columns whose bounds meet are substituted into the rows first, so HiGHS only sees the columns
         still to decide (on a fixed model, a small fraction). `also` (another objective and a divisor): a
         relaxation also bounds that objective with its duals divided by the divisor (any multipliers give a valid
-        bound, see `_dual_bound`)."""
+        bound, see `bounds.dual_bound`)."""
         free = lower < upper
         x = lower.copy()
         rows = np.repeat(np.arange(len(self.row_lower)), np.diff(self.starts))
@@ -461,7 +463,7 @@ class Lexicographic:
         bound = float(info.mip_dual_bound) if integer else value
         if not integer:
             duals[free] = solution.col_dual
-            from_duals = _dual_bound(cost[free], lower[free], upper[free], row_lower, row_upper,
+            from_duals = dual_bound(cost[free], lower[free], upper[free], row_lower, row_upper,
                                      np.array(solution.row_dual, dtype=np.float64), rows[moving], index,
                                      self.value[moving])
             # the larger of the bound from the duals and the solver's value less its tolerances (the former is
@@ -469,45 +471,9 @@ class Lexicographic:
             bound = max(value - 1e-4 - 1e-9 * abs(value), offset + from_duals)
             if also is not None:
                 other, divisor = also
-                other_bound = float(other[~free] @ x[~free]) + _dual_bound(
+                other_bound = float(other[~free] @ x[~free]) + dual_bound(
                     other[free], lower[free], upper[free], row_lower, row_upper,
                     np.array(solution.row_dual, dtype=np.float64) / divisor, rows[moving], index, self.value[moving])
         reported = float(info.objective_function_value)
         consistent = not integer or abs(value - reported) <= 0.5
         return _Run(outcome, x, value, bound, duals, text, consistent, other_bound)
-
-
-def _dual_bound(cost: Vector, lower: Vector, upper: Vector, row_lower: Vector, row_upper: Vector, dual: Vector,
-                rows: npt.NDArray[np.int64], index: npt.NDArray[np.int32], value: Vector) -> float:
-    """A lower bound on the relaxation (so on every integer solution) from any row multipliers, computed here
-    rather than taken from the solver: for every x within its bounds with the rows met, cost.x = (cost - A'y).x +
-    y.Ax >= sum of min((cost - A'y)_j x_j) over the column's bounds + sum of min(y_i r_i) over the row's bounds.
-    The solver's duals make it the relaxation's optimum up to its tolerances; this bound holds whatever they are,
-    less a margin for the double-precision sums (the planner's weighted objectives reach 1e9 and more, where the
-    solver's relative tolerances would blur the integral rounding that proves a plan optimal)."""
-    y = dual.copy()
-    y[np.isinf(row_lower) & (y > 0)] = 0.0  # a multiplier pulling on a missing side is dropped (still valid)
-    y[np.isinf(row_upper) & (y < 0)] = 0.0
-    reduced = cost - np.bincount(index, weights=value * y[rows], minlength=len(cost))
-    with np.errstate(invalid="ignore"):
-        columns = np.where(reduced > 0, reduced * lower, np.where(reduced < 0, reduced * upper, 0.0))
-        sides = np.where(y > 0, y * row_lower, np.where(y < 0, y * row_upper, 0.0))
-        # the rounding of every product and sum above is at most a few dozen machine epsilons of these magnitudes
-        scale = np.maximum(np.abs(lower), np.abs(upper)) * (
-            np.abs(cost) + np.bincount(index, weights=np.abs(value * y[rows]), minlength=len(cost)))
-    total = float(columns.sum() + sides.sum())
-    if not math.isfinite(total):
-        return -math.inf
-    return total - 1e-13 * float(scale.sum() + np.abs(sides).sum()) - 1e-9
-
-
-def _fixed(lower: Vector, upper: Vector, reduced: Vector, bound: float, incumbent: float) -> tuple[Vector, Vector]:
-    """Reduced-cost fixing: moving a column off the bound the relaxation left it at costs at least its reduced cost
-    per unit, so a column whose reduced cost lifts `bound` past `incumbent` - 1 (the objective is integral) stays at
-    that bound in every better solution. A margin keeps solver round-off from fixing a column it should not."""
-    limit = max(incumbent - 1.0 - bound, 0.0) + 1e-4 + 1e-7 * (abs(bound) + abs(incumbent))
-    at_lower = reduced > limit
-    at_upper = -reduced > limit
-    if not at_lower.any() and not at_upper.any():
-        return lower, upper
-    return np.where(at_upper, upper, lower), np.where(at_lower, lower, upper)
