@@ -79,7 +79,8 @@ class Autoscaler:
         self.provisioner = Provisioner(self.cluster, provider, clock, opts.batch_idle, opts.batch_max, self.log,
                                        state=self.state, parallelism=opts.parallelism,
                                        surplus_grace=opts.surplus_grace)
-        self.termination = Termination(self.cluster, provider, clock, self.log, opts.evict_pods, state=self.state)
+        self.termination = Termination(self.cluster, provider, clock, self.log, opts.evict_pods, state=self.state,
+                                       parallelism=opts.parallelism)
         self.lifecycle = Lifecycle(self.cluster, provider, clock, self.termination.start, self.log,
                                    state=self.state, parallelism=opts.parallelism)
         self.provisioner.terminate = self.termination.start

@@ -37,6 +37,7 @@ EPHEMERAL_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.i
 REPAIR_CONDITION = "AcceleratedHardwareReady"   # the EKS node monitoring agent's name; see docs/autoscaler.md
 REPAIR_TOLERATION = 10 * 60.0
 REPAIR_MAX_UNHEALTHY = 0.2
+LAUNCHES_PER_WORKER = 16   # new launches one pass sends per parallel worker (parallel passes only)
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
 
 
@@ -96,6 +97,12 @@ class Lifecycle:
 
         busy = [c for c in live if not is_true(c, "Initialized") or L.TERMINATION_FINALIZER not in
                 ((c.get("metadata") or {}).get("finalizers") or [])]
+        # furthest along first: on a burst, the nodes about to take pods are initialized before the next hundred
+        # launches are sent, so the first pods bind a pass earlier (issue 26: time to the first bound pod)
+        busy.sort(key=lambda c: 0 if is_true(c, "Registered") else 1 if is_true(c, "Launched") else 2)
+        if self.parallelism > 1:   # and a pass stays short: the rest of a burst's launches go in the next passes
+            launched = sum(1 for c in busy if is_true(c, "Launched"))
+            busy = busy[:launched + LAUNCHES_PER_WORKER * self.parallelism]
         if self.parallelism > 1 and len(busy) > 1:
             with ThreadPoolExecutor(max_workers=min(self.parallelism, len(busy))) as pool:
                 list(pool.map(step, busy))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -99,7 +100,8 @@ class Termination:
 
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock,
                  log: Callable[[str], None] | None = None, evict_pods: bool = True,
-                 state: ClusterState | None = None) -> None:
+                 state: ClusterState | None = None, parallelism: int = 1) -> None:
+        self.parallelism = max(1, parallelism)   # claims terminated at a time (the command: 16)
         self.evict_pods = evict_pods   # False where deleting the instance evicts its pods (the simulator)
         self.cluster = cluster
         self.provider = provider
@@ -153,16 +155,24 @@ class Termination:
         self._seen = deleting
         self._failures = {k: v for k, v in self._failures.items() if k in deleting}
         now = self.clock.now()
-        for name, claim in deleting.items():
-            attempts, not_before = self._failures.get(name, (0, 0.0))
-            if now < not_before:
-                continue
+        due = [(name, claim) for name, claim in deleting.items() if now >= self._failures.get(name, (0, 0.0))[1]]
+
+        def one(item: tuple[str, dict[str, Any]]) -> None:
+            name, claim = item
             try:
                 self._terminate(claim, snapshot)
             except KubegpuError as exc:
+                attempts = self._failures.get(name, (0, 0.0))[0]
                 delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempts)
                 self._failures[name] = (attempts + 1, now + delay)
                 self.log(f"nodeclaim {name}: termination: {exc} (attempt {attempts + 1}; retrying in {delay:.0f}s)")
+
+        if self.parallelism > 1 and len(due) > 1:   # a burst's unused claims go together, each on its own
+            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(due))) as pool:
+                list(pool.map(one, due))
+        else:
+            for item in due:
+                one(item)
         self._follow_deleted_nodes(snapshot)
 
     def _follow_deleted_nodes(self, snapshot: Snapshot) -> None:

@@ -17,7 +17,9 @@ config validation, and are the fixtures the tests check NVML-shaped data against
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from kubegpu.errors import NotFoundError
 
@@ -103,7 +105,12 @@ class GpuModel:
         known = ", ".join(p.name for p in self.mig_profiles) or "none (not MIG-capable)"
         raise NotFoundError(f"GPU model {self.key} has no MIG profile {key!r}; known: {known}")
 
-    def profile_by_id(self) -> dict[int, MigProfile]:
+    def profile_by_id(self) -> Mapping[int, MigProfile]:
+        """Profiles by GI profile id: built once per model (a fleet-sized plan asks thousands of times)."""
+        return self._profiles_by_id
+
+    @cached_property
+    def _profiles_by_id(self) -> Mapping[int, MigProfile]:
         return {p.profile_id: p for p in self.mig_profiles}
 
 
