@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubegpu.autoscaler.objects import is_true
-from kubegpu.autoscaler.replan import SurplusTracker, keep_nominated, target_aliases
+from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.scheduling import node_info
 from tests.autoscaler.builders import Harness, instance_type, nodepool, pod
 
@@ -129,3 +129,11 @@ def test_a_parallel_lifecycle_pass_bounds_new_launches_and_steps_the_furthest_al
     assert sum(is_true(c, "Registered") for c in claims) == 32     # the first ones went on meanwhile
     h.run(4)
     assert all(p["spec"].get("nodeName") for p in h.cluster.list("Pod"))
+
+
+def test_an_empty_node_a_pending_pod_could_take_is_not_let_go() -> None:
+    node = {"metadata": {"name": "n1", "labels": {}}, "spec": {},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "4"}}}
+    shapes = pod_shapes([gpu_pod(f"big-{i}", 8) for i in range(5)])
+    assert len(shapes) == 1 and not could_take(node, [], shapes)   # kube-scheduler cannot put an 8-GPU pod there
+    assert could_take(node, [], pod_shapes([gpu_pod("big", 8), gpu_pod("small", 1)]))   # but a 1-GPU pod

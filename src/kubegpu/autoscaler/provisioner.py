@@ -24,7 +24,7 @@ from kubegpu.autoscaler.objects import (
     name_of,
 )
 from kubegpu.autoscaler.pool_status import PoolStatus
-from kubegpu.autoscaler.replan import SurplusTracker, keep_nominated, target_aliases
+from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
 from kubegpu.errors import KubegpuError
@@ -265,7 +265,7 @@ class Provisioner:
         for node_name, pods in result.existing.items():
             self.state.nominate(node_name.removeprefix("nodeclaim/"), (pod_key(p) for p in pods), now)
         self._create_claims(result, snapshot, now)
-        self._remove_surplus(snapshot, set(result.existing), now)
+        self._remove_surplus(snapshot, set(result.existing), now, pending)
         self._report_unschedulable(result)
         self.last_result = result
         return result
@@ -288,12 +288,19 @@ class Provisioner:
         self.pool_status.reconcile(raw, parsed, invalid, getattr(self.provider, "pool_not_ready", None),
                                    pool_usage(snapshot.nodeclaims))
 
-    def _remove_surplus(self, snapshot: Snapshot, needed: set[str], now: float) -> None:
-        """Delete the NodeClaims nothing uses or will use (`replan.SurplusTracker`); one that fails is retried."""
+    def _remove_surplus(self, snapshot: Snapshot, needed: set[str], now: float,
+                        pending: Sequence[dict[str, Any]] = ()) -> None:
+        """Delete the NodeClaims nothing uses or will use (`replan.SurplusTracker`), but none whose node a pending
+        pod could be bound to now (`replan.could_take`); one that fails is retried."""
         live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
-        for claim in self.surplus.update(live, snapshot.pods_on, needed, now):
+        shapes = pod_shapes(pending)
+        on = snapshot.pods_on
+        for claim in self.surplus.update(live, on, needed, now):
             if self.terminate is None:
                 return
+            node = snapshot.nodes.get((claim.get("status") or {}).get("nodeName") or "")
+            if node is not None and shapes and could_take(node, on.get(name_of(node), []), shapes):
+                continue
             try:
                 self.terminate(dict(claim), "unused")
             except KubegpuError as exc:

@@ -28,7 +28,7 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.objects import condition, do_not_disrupt, is_reschedulable, name_of
 from kubegpu.autoscaler.scheduler import pod_key
 from kubegpu.kube import parse_timestamp
-from kubegpu.scheduling import NodeInfo, fits
+from kubegpu.scheduling import NodeInfo, fits, node_info
 
 SURPLUS_WINDOW = 120.0   # seconds after initialization during which an unused NodeClaim still counts as a mis-buy
 
@@ -83,6 +83,22 @@ def replacements_under_way(nodeclaims: Iterable[Mapping[str, Any]]) -> set[str]:
         except (ValueError, KeyError, TypeError):
             continue   # not ours to read (disruption leaves it alone too)
     return names
+
+
+def pod_shapes(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pod per distinct spec: what "could any of these pods go there" needs to try (a burst has few shapes)."""
+    shapes: dict[str, dict[str, Any]] = {}
+    for pod in pods:
+        shapes.setdefault(json.dumps(pod.get("spec") or {}, sort_keys=True, default=str), pod)
+    return list(shapes.values())
+
+
+def could_take(node: dict[str, Any], bound: Sequence[dict[str, Any]], shapes: Sequence[dict[str, Any]]) -> bool:
+    """Whether kube-scheduler could bind one of the pending pods (their `pod_shapes`) to this node right now. It
+    ignores nominations, so an empty schedulable node is not let go while a pending pod fits it: deleting it could
+    evict a pod bound a moment after this pass read the cluster."""
+    info = node_info(node, list(bound))
+    return any(fits(pod, info).ok for pod in shapes)
 
 
 def _used(pods: Iterable[Mapping[str, Any]]) -> bool:

@@ -34,11 +34,26 @@ class MigGpu:
         return self.cache.resource_ids(self.model)
 
     def claim(self, resource: str) -> MigGpu | None:
+        """A free instance of `resource` claimed, or None. Memoised like `add` (the state is immutable)."""
+        memo = self._claimed
+        if resource in memo:
+            return memo[resource]
+        found: MigGpu | None = None
         profile_id = self.resources().get(resource)
         for i, (inst, tag) in enumerate(self.layout):
             if tag == FREE and inst.profile_id == profile_id:
-                return replace(self, layout=(*self.layout[:i], (inst, CLAIMED), *self.layout[i + 1 :]))
-        return None
+                found = self._relaid((*self.layout[:i], (inst, CLAIMED), *self.layout[i + 1 :]))
+                break
+        memo[resource] = found
+        return found
+
+    def _relaid(self, layout: tuple[tuple[PlacedInstance, str], ...]) -> MigGpu:
+        """This GPU with another tagged layout (`dataclasses.replace` costs several times more)."""
+        return MigGpu(self.index, self.model, layout, self.original, self.frozen, self.cache)
+
+    @cached_property
+    def _claimed(self) -> dict[str, MigGpu | None]:
+        return {}
 
     @cached_property
     def _memo(self) -> dict[str, MigGpu | None]:
@@ -46,10 +61,22 @@ class MigGpu:
 
     def add(self, resource: str) -> MigGpu | None:
         """The cheapest way to create one more instance of `resource` (already claimed), or None. Memoised: the
-        state is immutable and the same GPU is asked again for every pod order and every node re-evaluation."""
-        if resource not in self._memo:
-            self._memo[resource] = self._add(resource)
-        return self._memo[resource]
+        state is immutable and the same GPU is asked again for every pod order and every node re-evaluation; and
+        the new layout is remembered per GPU shape (model, tagged layout, which claimed instances are original,
+        frozen) in the cache, as
+        a fleet has thousands of GPUs of a few shapes (the index plays no part in the search)."""
+        memo = self._memo
+        if resource not in memo:
+            original = self.original  # it only tells claimed instances that were there before from new ones
+            key = (self.model.key, id(self.model), self.layout, self.frozen, resource,
+                   tuple(t == CLAIMED and i in original for i, t in self.layout))
+            known = self.cache.additions.get(key)
+            if known is not None and known[0] is self.model:
+                memo[resource] = None if known[1] is None else self._relaid(known[1])
+            else:
+                found = memo[resource] = self._add(resource)
+                self.cache.remember_addition(key, self.model, None if found is None else found.layout)
+        return memo[resource]
 
     def _add(self, resource: str) -> MigGpu | None:
         profile_id = self.resources().get(resource)
@@ -77,16 +104,16 @@ class MigGpu:
     def _with(self, placed: list[PlacedInstance] | None, keep: Sequence[tuple[PlacedInstance, str]]) -> MigGpu | None:
         if placed is None:
             return None
-        return replace(self, layout=(*keep, *((i, CLAIMED) for i in placed)))
+        return self._relaid((*keep, *((i, CLAIMED) for i in placed)))
 
     def _refill(self, pinned: Sequence[tuple[PlacedInstance, str]], placed: list[PlacedInstance],
                 frees: Sequence[tuple[PlacedInstance, str]]) -> MigGpu:
         """Put back the unclaimed free instances that still fit, so as few as possible are destroyed."""
-        state = replace(self, layout=(*pinned, *((i, CLAIMED) for i in placed)))
+        state = self._relaid((*pinned, *((i, CLAIMED) for i in placed)))
         for inst, tag in frees:
             trial = (*state.layout, (inst, tag))
-            if not layout_errors(self.model, [i for i, _ in trial]):
-                state = replace(state, layout=trial)
+            if self.cache.legal(self.model, [i for i, _ in trial]):
+                state = self._relaid(trial)
         return state
 
     @cached_property
@@ -98,7 +125,7 @@ class MigGpu:
     @cached_property
     def fragmentation(self) -> int:
         """Lower is better: minus geometry's measure of how useful the free space is."""
-        return self.cache.fragmentation(self.model, tuple(sorted(i for i, _ in self.layout)))
+        return self.cache.fragmentation(self.model, [i for i, _ in self.layout])
 
     @cached_property
     def free_counts(self) -> Counter[str]:
@@ -184,8 +211,17 @@ class GpuCache:
         self._resource_ids: dict[tuple[str, int], dict[str, int]] = {}
         self._placed: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]],
                            tuple[PlacedInstance, ...] | None] = {}
-        self._fragmentation: dict[tuple[str, int, tuple[PlacedInstance, ...]], int] = {}
+        self._fragmentation: dict[tuple[str, int, tuple[tuple[int, int], ...]], int] = {}
         self._errors: dict[tuple[str, int, tuple[PlacedInstance, ...]], str] = {}
+        self._legal: dict[tuple[str, int, tuple[tuple[int, int], ...]], bool] = {}
+        # MigGpu.add per GPU shape: key → (the model, kept alive so its id stays its own; the new tagged layout)
+        self.additions: dict[tuple[object, ...], tuple[GpuModel, tuple[tuple[PlacedInstance, str], ...] | None]] = {}
+
+    def remember_addition(self, key: tuple[object, ...], model: GpuModel,
+                          layout: tuple[tuple[PlacedInstance, str], ...] | None) -> None:
+        if len(self.additions) > self.LIMIT:
+            self.additions.clear()
+        self.additions[key] = (model, layout)
 
     def layout_error(self, model: GpuModel, layout: tuple[PlacedInstance, ...]) -> str:
         """The first of `geometry.layout_errors` for a GPU's current layout, "" when it is legal: a controller
@@ -199,6 +235,17 @@ class GpuCache:
             found = self._errors[key] = problems[0] if problems else ""
         return found
 
+    def legal(self, model: GpuModel, layout: Sequence[PlacedInstance]) -> bool:
+        """`geometry.layout_errors` finds nothing: whether it does depends on the placements, not their order (a
+        repeated placement overlaps itself, so the key keeps repeats); the same trial layouts recur across GPUs."""
+        key = (model.key, id(model), tuple(sorted((i.profile_id, i.start) for i in layout)))
+        found = self._legal.get(key)
+        if found is None:
+            if len(self._legal) > self.LIMIT:
+                self._legal.clear()
+            found = self._legal[key] = not layout_errors(model, list(layout))
+        return found
+
     def resource_ids(self, model: GpuModel) -> dict[str, int]:
         """`nvidia.com/mig-<profile>` → GI profile id, for one model (ids differ between models: A30 vs A100)."""
         key = (model.key, id(model))
@@ -207,14 +254,16 @@ class GpuCache:
             found = self._resource_ids[key] = {mig_resource_name(p.name): p.profile_id for p in model.mig_profiles}
         return found
 
-    def fragmentation(self, model: GpuModel, layout: tuple[PlacedInstance, ...]) -> int:
-        """Minus `geometry.free_space_score`: the same layouts recur on many GPUs and in every pod order."""
-        key = (model.key, id(model), layout)
+    def fragmentation(self, model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
+        """Minus `geometry.free_space_score` of the layout sorted: the same layouts recur on many GPUs and in every
+        pod order (keyed on plain (profile, start) pairs, which sort and hash several times faster)."""
+        pairs = tuple(sorted((i.profile_id, i.start) for i in layout))
+        key = (model.key, id(model), pairs)
         found = self._fragmentation.get(key)
         if found is None:
             if len(self._fragmentation) > self.LIMIT:
                 self._fragmentation.clear()
-            found = self._fragmentation[key] = -free_space_score(model, list(layout))
+            found = self._fragmentation[key] = -free_space_score(model, [PlacedInstance(p, s) for p, s in pairs])
         return found
 
     def placed(self, model: GpuModel, wanted: Sequence[int], fixed: Sequence[PlacedInstance]
