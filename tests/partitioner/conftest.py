@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from kubegpu.gpu.catalog import get_model
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "partitioner_quality.py"
+
+
+@pytest.fixture(scope="session")
+def bench() -> ModuleType:
+    """benchmarks/partitioner_quality.py as a module: its generators and reference optimum, for the tests."""
+    spec = importlib.util.spec_from_file_location("partitioner_quality", BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_pod(name: str, resources: dict[str, int], priority: int = 0,

@@ -3,15 +3,11 @@ hand, then against the benchmark's exact optimum on generated states."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,20 +17,9 @@ from kubegpu.partitioner.baselines import best_static_layout, static_gpu_layout,
 from kubegpu.partitioner.planner import NodeInput, plan
 
 A100 = "A100-SXM4-80GB"
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "partitioner_quality.py"
 
 MakePod = Callable[..., dict[str, Any]]
 MigNode = Callable[..., NodeInput]
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("partitioner_quality", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_layouts_are_migparted_defaults_without_media_extensions() -> None:

@@ -5,13 +5,10 @@ that proves a stage comes from the relaxation's duals, valid whatever multiplier
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -22,18 +19,6 @@ from kubegpu.partitioner.planner import Plan, Planner, plan, plan_violations, po
 from kubegpu.partitioner.planner import exact as planner_exact
 from kubegpu.partitioner.planner.bounds import dual_bound
 from kubegpu.partitioner.planner.solver import Lexicographic, Solver, Stage
-
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "partitioner_quality.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("partitioner_quality", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def per_level(result: Plan, pods: list[dict[str, Any]]) -> tuple[int, ...]:
