@@ -26,9 +26,9 @@ from kubegpu.cliopts import (
     oneshot_option,
     output_option,
 )
-from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.errors import ConfigError
 from kubegpu.files import parse_yaml_documents, read_text
-from kubegpu.scheduling import node_info, parse_quantity
+from kubegpu.scheduling import node_info, parse_quantities
 
 
 def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -76,13 +76,7 @@ def _check_node(node: dict[str, Any], where: str) -> None:
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     if not isinstance(allocatable, dict):
         raise ConfigError(f"{where}.status.allocatable: expected a mapping of resource to quantity")
-    for resource, value in allocatable.items():
-        try:
-            amount = parse_quantity(value)
-        except KubegpuError as exc:
-            raise ConfigError(f"{where}.status.allocatable.{resource}: {exc}") from None
-        if amount < 0:
-            raise ConfigError(f"{where}.status.allocatable.{resource}: must not be negative, got {value!r}")
+    parse_quantities(allocatable, f"{where}.status.allocatable")
 
 
 def load_nodepools(path: Path) -> list[NodePool]:

@@ -19,7 +19,7 @@ from typing import Any
 from kubegpu.autoscaler import labels as L
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import load_json_file, parse_json_text
-from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.scheduling.quantity import parse_quantities
 from kubegpu.sharing.names import GPU_RESOURCE
 
 KUBE_RESERVED = {"cpu": 0.1, "memory": 10 * 2.0**20}  # kwok's kube-reserved: 100m CPU and 10Mi
@@ -157,14 +157,7 @@ def parse_instance_type(raw: Any, where: str) -> InstanceType:
     resources = raw.get("resources")
     if not isinstance(resources, dict) or "cpu" not in resources or "memory" not in resources:
         raise ConfigError(f"{where}.resources: must be an object with at least cpu and memory")
-    capacity: dict[str, float] = {}
-    for key, value in resources.items():
-        try:
-            capacity[str(key)] = parse_quantity(value)
-        except KubegpuError as exc:
-            raise ConfigError(f"{where}.resources.{key}: {exc}") from None
-        if capacity[str(key)] < 0:
-            raise ConfigError(f"{where}.resources.{key}: must not be negative, got {value!r}")
+    capacity = parse_quantities(resources, f"{where}.resources")
     capacity.setdefault("pods", DEFAULT_PODS)
     offerings = raw.get("offerings")
     if not isinstance(offerings, list) or not offerings:

@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kubegpu.errors import ConfigError, KubegpuError, NotFoundError
+from kubegpu.errors import ConfigError, NotFoundError
 from kubegpu.files import load_data_file
 from kubegpu.gpu.catalog import GpuModel, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan, pod_key, pod_priority
-from kubegpu.scheduling import parse_quantity
+from kubegpu.scheduling import parse_quantities
 
 PARTITIONING_LABEL = "kubegpu.io/gpu-partitioning"
 _MPS_PROFILE = re.compile(r"^(\d+)gb$")
@@ -105,13 +105,7 @@ def _check_unique(keys: list[str], where: str, what: str) -> None:
 
 def _check_requests(pod: PodState, where: str) -> None:
     """Quantities are checked here so a bad one names its field, not just the pod, and stops the run."""
-    for resource, value in pod.requests.items():
-        try:
-            amount = parse_quantity(value)
-        except KubegpuError as exc:
-            raise ConfigError(f"{where}.{resource}: {exc}") from None
-        if amount < 0:
-            raise ConfigError(f"{where}.{resource}: must not be negative, got {value!r}")
+    parse_quantities(pod.requests, where)
 
 
 def _node_input(node: NodeState, where: str) -> NodeInput:

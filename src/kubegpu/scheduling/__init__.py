@@ -27,7 +27,7 @@ from kubegpu.scheduling.fit import (
     tolerates,
 )
 from kubegpu.scheduling.pods import is_finished, is_scheduling_gated, pod_key
-from kubegpu.scheduling.quantity import format_quantity, parse_quantity
+from kubegpu.scheduling.quantity import format_quantity, parse_quantities, parse_quantity
 from kubegpu.scheduling.requests import container_requests, pod_requests
 from kubegpu.scheduling.score import SCORERS, score_least_allocated, score_most_allocated, select_node
 
@@ -49,6 +49,7 @@ __all__ = [
     "is_scheduling_gated",
     "match_node_selector_terms",
     "node_info",
+    "parse_quantities",
     "parse_quantity",
     "pod_key",
     "pod_requests",

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from kubegpu.errors import ConfigError
 
@@ -33,6 +35,21 @@ def parse_quantity(value: str | int | float) -> float:
     if not isinstance(value, str):
         raise ConfigError(f"invalid quantity {value!r}: expected a number or a string like '500m' or '4Gi'")
     return _parse_string(value)
+
+
+def parse_quantities(amounts: Mapping[Any, Any], where: str) -> dict[str, float]:
+    """Every amount of a resource map (requests, capacity, allocatable) parsed, none negative; a bad one is one
+    ConfigError line naming its field, `where.<resource>`."""
+    parsed: dict[str, float] = {}
+    for resource, value in amounts.items():
+        try:
+            amount = parse_quantity(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.{resource}: {exc}") from None
+        if amount < 0:
+            raise ConfigError(f"{where}.{resource}: must not be negative, got {value!r}")
+        parsed[str(resource)] = amount
+    return parsed
 
 
 def _finite(value: object, shown: object) -> float:
