@@ -61,7 +61,9 @@ class DraDynamicMig(BaseStrategy):
         self._parsed: dict[str, tuple[object, list[ResourceSlice], dict[str, Placement]]] = {}
         self._allocator: tuple[tuple[int, ...], Allocator] | None = None
         self._last_failed: object = None
-        self._held: dict[str, tuple[NodeView, frozenset[DeviceId]]] = {}  # node -> (view, its devices taken)
+        # node -> (its view, slices, placements, devices taken): what `_node_world` derived from that view
+        self._held: dict[str, tuple[NodeView, list[ResourceSlice], dict[str, Placement], frozenset[DeviceId]]] = {}
+        self._names: dict[tuple[str, int, int, int], str] = {}  # (model, GPU minor, profile id, start) -> device name
         self._no_fit: dict[tuple[str, object], frozenset[DeviceId]] = {}  # (node, claim shape) -> node's in use then
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
@@ -107,31 +109,23 @@ class DraDynamicMig(BaseStrategy):
 
     def _world(
         self, views: list[NodeView],
-    ) -> tuple[Allocator, dict[str, dict[str, Placement]], set[DeviceId], dict[str, set[DeviceId]]]:
-        """The scheduler's view: every node's slices (parsed once per MIG layout) and the devices in use, in all and
-        per node."""
+    ) -> tuple[Allocator, dict[str, dict[str, Placement]], set[DeviceId], dict[str, frozenset[DeviceId]]]:
+        """The scheduler's view: every node's slices (parsed once per node) and the devices in use, in all and per
+        node."""
         parsed: list[ResourceSlice] = []
         placements: dict[str, dict[str, Placement]] = {}
         in_use: set[DeviceId] = set()
-        per_node: dict[str, set[DeviceId]] = {}
+        per_node: dict[str, frozenset[DeviceId]] = {}
+        coming: dict[str, set[int]] = defaultdict(set)
+        for node, gpu_index in self._coming:
+            coming[node].add(gpu_index)
         for view in views:
-            gpus = tuple(gpu.uuid for gpu in view.gpus)
-            cached = self._parsed.get(view.name)
-            if cached is None or cached[0] != gpus:
-                # every instance here was made for a claim, so the offer never changes with the layout (only the
-                # live instances' uuid attribute would): slices are built and parsed once per node, and what is
-                # taken is told to the allocator as devices in use
-                inventory = NodeGpus("0.0.0", (12, 0), tuple(view.gpus), {})
-                offers = gpu_offers(inventory, dynamic_mig=True)
-                cached = (gpus, parse_all(build_slices(view.name, offers), "ResourceSlice", view.name),
-                          placements_by_name(offers))
-                self._parsed[view.name] = cached
-            parsed.extend(cached[1])
-            placements[view.name] = cached[2]
-            taken = set(self._taken(view))
-            for gpu in view.gpus:
-                if (view.name, gpu.index) in self._coming:  # a GPU being reconfigured takes no new instance
-                    taken.add(DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}"))
+            slices, offered, taken = self._node_world(view)
+            parsed.extend(slices)
+            placements[view.name] = offered
+            if view.name in coming:  # a GPU being reconfigured takes no new instance
+                taken = taken | {DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}") for gpu in view.gpus
+                                 if gpu.index in coming[view.name]}
             per_node[view.name] = taken
             in_use |= taken
         key = tuple(id(s) for s in parsed)
@@ -139,23 +133,38 @@ class DraDynamicMig(BaseStrategy):
             self._allocator = (key, Allocator(parsed, self.classes))
         return self._allocator[1], placements, in_use, per_node
 
-    def _taken(self, view: NodeView) -> frozenset[DeviceId]:
-        """The node's devices in use as the view shows them: every instance (created or being created: each was
-        made for a claim) and every GPU being reconfigured. Kept while the node's view is the same object (the
-        engine rebuilds a view only when its node changes)."""
-        cached = self._held.get(view.name)
-        if cached is not None and cached[0] is view:
-            return cached[1]
+    def _node_world(self, view: NodeView) -> tuple[list[ResourceSlice], dict[str, Placement], frozenset[DeviceId]]:
+        """One node's parsed slices, its placements by device name and its devices in use as the view shows them:
+        every instance (created or being created: each was made for a claim) and every GPU being reconfigured.
+        Kept while the node's view is the same object (the engine rebuilds a view only when its node changes)."""
+        held = self._held.get(view.name)
+        if held is not None and held[0] is view:
+            return held[1], held[2], held[3]
+        gpus = tuple(gpu.uuid for gpu in view.gpus)
+        cached = self._parsed.get(view.name)
+        if cached is None or cached[0] != gpus:
+            # every instance here was made for a claim, so the offer never changes with the layout (only the live
+            # instances' uuid attribute would): slices are built and parsed once per node, and what is taken is
+            # told to the allocator as devices in use
+            inventory = NodeGpus("0.0.0", (12, 0), tuple(view.gpus), {})
+            offers = gpu_offers(inventory, dynamic_mig=True)
+            cached = (gpus, parse_all(build_slices(view.name, offers), "ResourceSlice", view.name),
+                      placements_by_name(offers))
+            self._parsed[view.name] = cached
         taken: set[DeviceId] = set()
         for gpu in view.gpus:
             for mig in view.mig.get(gpu.index, ()):
-                profile = view.model.profile_by_id()[mig.profile_id]
-                taken.add(DeviceId(DRIVER, view.name, mig_device_name(gpu, profile, mig.start)))
+                key = (view.model.key, gpu.device_minor, mig.profile_id, mig.start)
+                name = self._names.get(key)
+                if name is None:
+                    profile = view.model.profile_by_id()[mig.profile_id]
+                    name = self._names[key] = mig_device_name(gpu, profile, mig.start)
+                taken.add(DeviceId(DRIVER, view.name, name))
             if gpu.index in view.reconfiguring:
                 taken.add(DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}"))
         frozen = frozenset(taken)
-        self._held[view.name] = (view, frozen)
-        return frozen
+        self._held[view.name] = (view, cached[1], cached[2], frozen)
+        return cached[1], cached[2], frozen
 
     def _allocate(self, sim: SimControl, views: list[NodeView], unmet: list[tuple[str, int]]) -> None:
         allocator, placements, in_use, per_node = self._world(views)
@@ -187,7 +196,7 @@ class DraDynamicMig(BaseStrategy):
             self.claims_allocated += 1
             for result in outcome.results:
                 in_use.add(result.id)
-                per_node.setdefault(outcome.node, set()).add(result.id)
+                per_node[outcome.node] = per_node.get(outcome.node, frozenset()) | {result.id}
                 placement = placements[outcome.node][result.device]
                 assert placement.profile_id is not None and placement.start is not None
                 new[(outcome.node, placement.gpu_index)].append(
