@@ -130,6 +130,7 @@ class Accounting(SimCore):
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
         for part in run.parts:
             part.residents.append(run)
+        node.hold(run)
         if getattr(self.strategy, "memory_shared", False):
             refresh_shares(self.strategy, run)
         self.metrics.started(run, now)
@@ -216,6 +217,7 @@ class Accounting(SimCore):
             self._teams.stopped(run)
         node.info.remove_pod(run.pod, run.requests)
         node.running.remove(run)
+        node.release(run)
         node.touch()
         for part in run.parts:
             part.residents.remove(run)
