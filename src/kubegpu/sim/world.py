@@ -212,6 +212,14 @@ def write_patch(cluster: Any, kind: str, name: str, patch: dict[str, Any], names
         cluster.patch(kind, name, patch, namespace=namespace, subresource=subresource)
 
 
+def write_create(cluster: Any, obj: dict[str, Any]) -> None:
+    """A create whose result the simulator does not read (`MemoryCluster.add`: no copy handed back)."""
+    if isinstance(cluster, MemoryCluster):
+        cluster.add(obj)
+    else:
+        cluster.create(obj)
+
+
 def _partition_key(device: AnnotatedDevice) -> str:
     return device.mig.uuid if device.mig is not None else device.gpu_uuid
 
