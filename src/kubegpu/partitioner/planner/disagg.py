@@ -17,7 +17,7 @@ import numpy as np
 
 from kubegpu.gpu.geometry import free_space_score
 from kubegpu.partitioner.planner.model import GpuPlan, Plan, mps_resource, pod_priority
-from kubegpu.scheduling import NodeInfo, fits, pod_key
+from kubegpu.scheduling import NodeInfo, fits
 
 if TYPE_CHECKING:
     from kubegpu.partitioner.planner.exact import Model
@@ -81,7 +81,7 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
                         view = views[names[k]] = _view(problem, names[k], free[names[k]])
                     if all(view.free(unit) >= n for unit, n in units) and (not full_check or fits(need, view).ok):
                         view.add_pod(pod, need.requests)
-                        assignments[pod_key(pod)] = names[k]
+                        assignments[problem.key(pod)] = names[k]
                         break
                     k += 1
                 resume[kind] = k
@@ -103,7 +103,7 @@ def plan_objective(problem: Problem, plan: Plan) -> tuple[Any, ...]:
     first), instances created plus destroyed, minus the free-space score of the new MIG layouts."""
     per_level: Counter[int] = Counter()
     for pod, _ in problem.candidates:
-        if pod_key(pod) in plan.assignments:
+        if problem.key(pod) in plan.assignments:
             per_level[pod_priority(pod)] += 1
     levels = sorted({pod_priority(p) for p, _ in problem.candidates}, reverse=True)
     models: Mapping[tuple[str, int], Any] = {(n.name, g.index): g.model for n in problem.nodes for g in n.gpus}

@@ -198,7 +198,7 @@ def build(problem: Problem, layouts: LayoutCache) -> Model:
     solver = Solver()
     plannable = problem.plannable
     eligible_cache: dict[str, list[str]] = {}
-    eligible = {pod_key(p): eligible_nodes(p, units, plannable, eligible_cache) for p, units in problem.candidates}
+    eligible = {problem.key(p): eligible_nodes(p, units, plannable, eligible_cache) for p, units in problem.candidates}
     node_level = _node_level(problem, eligible)
     groups, node_group = _supply_groups(plannable, list(eligible_cache.values()), node_level)
     wanted_mig: set[str] = set()
@@ -222,14 +222,26 @@ def _node_level(problem: Problem, eligible: dict[str, list[str]]) -> bool:
     """Whether pods must be modelled node by node: multi-instance pods, or cpu/memory/pod slots that could bind."""
     if any(len(units) > 1 for _, units in problem.candidates):
         return True
-    by_list: dict[int, tuple[list[str], Counter[str]]] = {}
+    by_list: dict[int, tuple[list[str], dict[str, float]]] = {}
+    shapes: dict[tuple[Any, ...], dict[str, float]] = {}  # pods share requests: filtered once per distinct set
     for pod, _ in problem.candidates:
-        names = eligible[pod_key(pod)]
-        by_list.setdefault(id(names), (names, Counter()))[1].update(_other_requests(problem.requirements(pod).requests))
-    wanted: dict[str, Counter[str]] = defaultdict(Counter)
+        names = eligible[problem.key(pod)]
+        totals = by_list.setdefault(id(names), (names, {}))[1]
+        requests = problem.requirements(pod).requests
+        shape = tuple(requests.items())
+        other = shapes.get(shape)
+        if other is None:
+            other = shapes[shape] = _other_requests(requests)
+        for resource, amount in other.items():
+            totals[resource] = totals.get(resource, 0.0) + amount
+    wanted: dict[str, dict[str, float]] = defaultdict(dict)
     for names, totals in by_list.values():
+        if not totals:
+            continue
         for name in names:
-            wanted[name].update(totals)
+            here = wanted[name]
+            for resource, amount in totals.items():
+                here[resource] = here.get(resource, 0.0) + amount
     for name, totals in wanted.items():
         base = problem.states[name].base
         if any(amount > base.free(resource) + 1e-9 for resource, amount in totals.items()):
@@ -237,8 +249,8 @@ def _node_level(problem: Problem, eligible: dict[str, list[str]]) -> bool:
     return False
 
 
-def _other_requests(requests: dict[str, float]) -> Counter[str]:
-    return Counter({r: a for r, a in requests.items() if not is_partition_resource(r) and a > 0})
+def _other_requests(requests: dict[str, float]) -> dict[str, float]:
+    return {r: a for r, a in requests.items() if not is_partition_resource(r) and a > 0}
 
 
 def _supply_groups(plannable: dict[str, Any], eligible_lists: Sequence[list[str]], node_level: bool
@@ -271,16 +283,19 @@ def _weights(problem: Problem) -> dict[int, int]:
 def _mig_columns(problem: Problem, model: Model, wanted: set[str], supply: Supply, layouts: LayoutCache) -> None:
     members: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
     gpus: dict[tuple[Any, ...], MigGpu] = {}
-    split: dict[tuple[Any, ...], tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]]] = {}
+    # in-use and free instances, once per tagged layout (GPUs of one shape share theirs: `GpuCache.mig_layout`)
+    split: dict[int, tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], tuple[Any, ...]]] = {}
     for name, state in sorted(problem.states.items()):
+        group = model.node_group.get(name, "")  # a node with no plannable GPU is in no group (and skipped)
         for gpu in state.gpus:
             if isinstance(gpu, MigGpu):
-                parts = split.get(gpu.layout)
-                if parts is None:  # in-use and free instances, once per distinct tagged layout
-                    parts = split[gpu.layout] = (tuple(sorted(i for i, t in gpu.layout if t == USED)),
-                                                 tuple(sorted(i for i, t in gpu.layout if t != USED)))
-                used, free = parts
-                key = (model.node_group[name], gpu.model.key, used, free, gpu.frozen)
+                parts = split.get(id(gpu.layout))
+                if parts is None:
+                    used = tuple(sorted(i for i, t in gpu.layout if t == USED))
+                    free = tuple(sorted(i for i, t in gpu.layout if t != USED))
+                    parts = split[id(gpu.layout)] = (used, free, gpu.layout)  # the layout kept alive with its id
+                used, free, _ = parts
+                key = (group, gpu.model.key, used, free, gpu.frozen)
                 members.setdefault(key, []).append((name, gpu.index))
                 gpus.setdefault(key, gpu)
     # the layout options of every distinct (model, in-use, free) shape, one model at a time, computed together
@@ -326,17 +341,17 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str], supply: Suppl
         where = np.concatenate([np.arange(m.columns.start, m.columns.stop) for m in classes])
         group_names = sorted({m.group for m in classes})
         group_of = {g: k for k, g in enumerate(group_names)}
-        group = np.repeat(np.array([group_of[m.group] for m in classes]), [len(m.options) for m in classes])
+        group_at = np.repeat(np.array([group_of[m.group] for m in classes]), [len(m.options) for m in classes])
         for k, resource in enumerate(classes[0].resources):
             if resource not in wanted:
                 continue
             offering = np.flatnonzero(offers[:, k])
             if not len(offering):
                 continue
-            order = offering[np.argsort(group[offering], kind="stable")]
-            bounds = np.flatnonzero(np.diff(group[order])) + 1
+            order = offering[np.argsort(group_at[offering], kind="stable")]
+            bounds = np.flatnonzero(np.diff(group_at[order])) + 1
             for chunk in np.split(order, bounds):
-                supply[(group_names[int(group[chunk[0]])], resource)].append(
+                supply[(group_names[int(group_at[chunk[0]])], resource)].append(
                     (where[chunk], offers[chunk, k].astype(np.float64)))
 
 
@@ -370,7 +385,7 @@ def _pod_columns(problem: Problem, model: Model, eligible: dict[str, list[str]],
     groups: dict[tuple[Any, ...], PodGroup] = {}
     by_list: dict[int, tuple[str, ...]] = {}  # pods share their eligible lists: their groups computed once per list
     for pod, units in problem.candidates:
-        names = eligible[pod_key(pod)]
+        names = eligible[problem.key(pod)]
         places = by_list.get(id(names))
         if places is None:
             places = by_list[id(names)] = tuple(sorted({model.node_group[n] for n in names}))
