@@ -109,8 +109,9 @@ def eligible_nodes(pod: dict[str, Any], units: tuple[str, ...], nodes: Mapping[s
         probe = {**pod, "spec": {k: v for k, v in spec.items() if k not in ("containers", "initContainers",
                                                                             "overhead")}}
         probe["spec"]["containers"] = []
+        need = pod_requirements(probe)  # parsed once, checked against every node
         cache[signature] = [name for name, node in sorted(nodes.items())
-                            if node.mode == mode and fits(probe, _empty_view(node)).ok]
+                            if node.mode == mode and fits(need, _empty_view(node)).ok]
     return cache[signature]
 
 

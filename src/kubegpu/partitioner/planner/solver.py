@@ -140,6 +140,36 @@ class Solver:
                     named[index] = float(value)
         return range(first, first + count)
 
+    def column_array(self, lower: Vector, upper: Vector, **costs: Vector) -> range:
+        """Columns from arrays of bounds and objective coefficients (one entry per column), at once."""
+        first = len(self.lower)
+        self.lower.extend(np.asarray(lower, dtype=np.float64).tolist())
+        self.upper.extend(np.asarray(upper, dtype=np.float64).tolist())
+        for name, values in costs.items():
+            nonzero = np.flatnonzero(values)
+            self.costs[name].update(zip((nonzero + first).tolist(),
+                                        np.asarray(values, dtype=np.float64)[nonzero].tolist(), strict=True))
+        return range(first, len(self.lower))
+
+    def rows_csr(self, lower: Vector, upper: Vector, starts: npt.NDArray[np.int64], index: npt.NDArray[np.int64],
+                 value: Vector) -> None:
+        """Rows at once, compressed: row r's entries are index/value[starts[r]:starts[r + 1]]."""
+        base = len(self.index)
+        self.row_lower.extend(np.asarray(lower, dtype=np.float64).tolist())
+        self.row_upper.extend(np.asarray(upper, dtype=np.float64).tolist())
+        self.index.extend(np.asarray(index).tolist())
+        self.value.extend(np.asarray(value, dtype=np.float64).tolist())
+        self.starts.extend((np.asarray(starts[1:], dtype=np.int64) + base).tolist())
+
+    def row_arrays(self, lower: float | None, upper: float | None, index: npt.NDArray[np.int64],
+                   value: Vector) -> None:
+        """One row from arrays of columns and coefficients."""
+        self.row_lower.append(-highspy.kHighsInf if lower is None else float(lower))
+        self.row_upper.append(highspy.kHighsInf if upper is None else float(upper))
+        self.index.extend(np.asarray(index).tolist())
+        self.value.extend(np.asarray(value, dtype=np.float64).tolist())
+        self.starts.append(len(self.index))
+
     def row(self, lower: float | None, upper: float | None, entries: list[tuple[int, float]]) -> None:
         self.row_lower.append(-highspy.kHighsInf if lower is None else float(lower))
         self.row_upper.append(highspy.kHighsInf if upper is None else float(upper))
