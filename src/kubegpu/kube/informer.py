@@ -237,20 +237,33 @@ class InformedCluster(Cluster):
     def _out(self, obj: dict[str, Any]) -> dict[str, Any]:
         return clone(obj) if self.copy else obj
 
-    def list_with_version(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
-                          field_selector: str | None = None) -> tuple[builtins.list[dict[str, Any]], str]:
-        cache = self._cache_for(kind)
-        if cache is None or field_selector:
-            return self.store.list_with_version(kind, namespace, label_selector, field_selector)
+    def _ordered(self, cache: _KindCache) -> tuple[builtins.list[dict[str, Any]], str]:
         if not cache.served:
-            raise NotFound(f"list {kind}: the server could not find the requested resource")
+            raise NotFound(f"list {cache.kind}: the server could not find the requested resource")
         with self._lock:
             if cache.ordered is None:
                 if cache.keys is None:
                     cache.keys = sorted(cache.objects)
                 objects = cache.objects
                 cache.ordered = [objects[key] for key in cache.keys]
-            ordered, version = cache.ordered, cache.version
+            return cache.ordered, cache.version
+
+    def list_shared(self, kind: str) -> builtins.list[dict[str, Any]]:
+        """Every object of `kind`, sorted, as the cache holds them — never copied, whatever `copy` says — so the
+        caller must not modify them (build new dicts, or patch through the cluster). A controller that reads the
+        whole cluster every pass (the autoscaler's snapshot) would otherwise spend most of its time copying.
+        Cached objects are replaced, never changed in place, so a list taken once stays one consistent read."""
+        cache = self._cache_for(kind)
+        if cache is None:
+            return self.store.list(kind)
+        return builtins.list(self._ordered(cache)[0])
+
+    def list_with_version(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+                          field_selector: str | None = None) -> tuple[builtins.list[dict[str, Any]], str]:
+        cache = self._cache_for(kind)
+        if cache is None or field_selector:
+            return self.store.list_with_version(kind, namespace, label_selector, field_selector)
+        ordered, version = self._ordered(cache)
         if namespace or label_selector:
             selector = parse_label_selector(label_selector)
             ordered = [obj for obj in ordered if (not namespace or _key(obj)[0] == namespace)
