@@ -192,3 +192,48 @@ def test_batched_layout_options_match_one_by_one(model_key: str) -> None:
         got = [(o.free, o.instances, o.created, o.destroyed, o.frag) for o in options]
         assert got == reference_options(model_key, used, free, wanted)
         assert any(o.created == o.destroyed == 0 for o in options)  # keeping the layout is always one
+
+
+@pytest.mark.parametrize("model_key", ["A100-SXM4-80GB", "A30-24GB"])
+def test_a_universes_fragmentation_at_once_is_geometrys_layout_by_layout(model_key: str) -> None:
+    """The exact planner computes `free_space_score` of a whole layout universe over arrays: it must be the
+    geometry's own measure on every layout, with and without `+me` profiles."""
+    from kubegpu.gpu.geometry import free_space_score
+
+    model = get_model(model_key)
+    for media in (False, True):
+        world = LayoutCache().universe(model, media)
+        expected = [-free_space_score(model, list(world.instances(mask))) for mask in world.layouts]
+        assert [world.frag(k) for k in range(len(world.layouts))] == expected
+
+
+def test_packed_sort_keys_order_as_lexsort() -> None:
+    """`layouts._order` packs sort keys into one integer when their ranges fit: the same order as `np.lexsort`
+    (first key most significant, stable), negative keys and ranges too wide to pack included."""
+    import numpy as np
+
+    from kubegpu.partitioner.planner.layouts import _order
+
+    rng = np.random.default_rng(3)
+    for spans in ([3, 5, 2], [1 << 40, 1 << 30], [7, -9, 100, 1]):
+        keys = tuple(rng.integers(-abs(s), abs(s) + 1, size=500).astype(np.int64) for s in spans)
+        assert _order(keys).tolist() == np.lexsort(keys[::-1]).tolist()
+
+
+def test_a_relaxation_with_another_objective_goes_on_from_the_last_one() -> None:
+    """A relaxation with the bounds and rows of the last one only changes its objective in HiGHS (warm): the same
+    optimum and bound as solving it from scratch."""
+    rng = random.Random(5)
+    for _ in range(20):
+        solver, stages, _ = random_program(rng)
+        driver = Lexicographic(solver, stages)
+        deadline = time.perf_counter() + 10
+        costs = [driver._cost(stage) for stage in stages]
+        first = driver._run(costs[0], driver.lower, driver.upper, False, deadline)
+        solved = driver._relaxation
+        warm = driver._run(costs[1], driver.lower, driver.upper, False, deadline)
+        assert solved is not None and driver._relaxation is solved  # the same HiGHS instance went on
+        cold = driver._run(costs[1], driver.lower, driver.upper, False, deadline, warm=False)
+        assert first.kind == warm.kind == cold.kind
+        if cold.kind == "optimal":
+            assert warm.value == pytest.approx(cold.value) and warm.bound == pytest.approx(cold.bound, abs=1e-3)

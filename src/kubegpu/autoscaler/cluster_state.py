@@ -38,7 +38,9 @@ AUTOSCALER_KINDS = ("NodePool", "NodeClaim", "Node", "Pod", "DaemonSet", "PodDis
 
 @dataclass
 class Snapshot:
-    """What one pass reads from the cluster."""
+    """What one pass reads from the cluster: the informers' objects themselves, not copies, so nothing that reads a
+    snapshot may modify an object in it (build a new dict, or patch through the cluster); the lists are the
+    snapshot's own."""
 
     pools: list[NodePool]
     pool_errors: dict[str, str]
@@ -47,31 +49,65 @@ class Snapshot:
     pods: list[dict[str, Any]]
     daemonsets: list[dict[str, Any]]
     pdbs: list[dict[str, Any]] = field(default_factory=list)
+    _pods_on: tuple[int, dict[str, list[dict[str, Any]]]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def pods_on(self) -> dict[str, list[dict[str, Any]]]:
-        return pods_by_node(self.pods)
+        """Pods by node name, grouped once per snapshot (again only if a drain took pods out of `pods`)."""
+        cached = self._pods_on
+        if cached is None or cached[0] != len(self.pods):
+            cached = self._pods_on = (len(self.pods), pods_by_node(self.pods))
+        return cached[1]
 
 
 def _list(cluster: Cluster, kind: str) -> list[dict[str, Any]]:
     """A kind the API server does not serve (no PDBs, CRDs not installed yet) reads as empty; any other failure
-    (403 from missing RBAC, a broken connection) is raised, so a pass never acts on a silently partial view."""
+    (403 from missing RBAC, a broken connection) is raised, so a pass never acts on a silently partial view.
+    From informers, the cached objects themselves (see `Snapshot`)."""
     try:
+        if isinstance(cluster, InformedCluster):
+            return cluster.list_shared(kind)
         return cluster.list(kind)
     except NotFound:
         return []
 
 
-def take_snapshot(cluster: Cluster) -> Snapshot:
+PoolMemo = dict[str, tuple[str, "NodePool | str"]]
+
+
+def _parse_pools(raws: list[dict[str, Any]], memo: PoolMemo | None) -> tuple[list[NodePool], dict[str, str]]:
+    """NodePools parsed (validated) once per resourceVersion when a memo is kept; errors by pool name."""
     pools: list[NodePool] = []
     errors: dict[str, str] = {}
-    for raw in _list(cluster, "NodePool"):
-        if (raw.get("metadata") or {}).get("deletionTimestamp"):
+    seen: PoolMemo = {}
+    for raw in raws:
+        meta = raw.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
             continue
-        try:
-            pools.append(parse_nodepool(raw))
-        except KubegpuError as exc:
-            errors[name_of(raw)] = str(exc)
+        name, version = name_of(raw), str(meta.get("resourceVersion") or "")
+        hit = memo.get(name) if memo is not None and version else None
+        parsed: NodePool | str
+        if hit is not None and hit[0] == version:
+            parsed = hit[1]
+        else:
+            try:
+                parsed = parse_nodepool(raw)
+            except KubegpuError as exc:
+                parsed = str(exc)
+        if version:
+            seen[name] = (version, parsed)
+        if isinstance(parsed, str):
+            errors[name] = parsed
+        else:
+            pools.append(parsed)
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
+    return pools, errors
+
+
+def take_snapshot(cluster: Cluster, pool_memo: PoolMemo | None = None) -> Snapshot:
+    pools, errors = _parse_pools(_list(cluster, "NodePool"), pool_memo)
     return Snapshot(
         pools=pools,
         pool_errors=errors,
@@ -102,9 +138,10 @@ class ClusterState:
         self.nominations: dict[str, set[str]] = {}   # node or NodeClaim name → keys of the pods nominated to it
         self.launching: set[str] = set()             # NodeClaims whose provider launch is under way
         self.deleting: dict[str, float] = {}          # NodeClaims whose deletion was requested → when
+        self._pools: PoolMemo = {}                    # NodePool name → (resourceVersion, parsed pool or error)
 
     def snapshot(self) -> Snapshot:
-        snap = take_snapshot(self.cluster)
+        snap = take_snapshot(self.cluster, self._pools)
         seen = {name_of(c): c for c in snap.nodeclaims}
         with self._lock:  # forget requested deletions the informer now shows (or that are gone)
             for name in list(self.deleting):

@@ -159,6 +159,8 @@ class Disruption:
         self.pending: Command | None = None
         self.in_flight: list[InFlight] = []   # read back from the API every pass (see `InFlight`)
         self._pod_signature: dict[str, tuple[str, float]] = {}
+        self._pool_memo: dict[int, tuple[NodePool, str, Requirements]] = {}
+        self._pods_seen: dict[str, list[dict[str, Any]]] = {}   # node → its pods as the last pass read them
         self.executed: list[Command] = []
         self.metrics: AutoscalerMetrics | None = None
 
@@ -203,8 +205,17 @@ class Disruption:
 
     # -- candidates and budgets -------------------------------------------------------------------------------
     def _track_pod_events(self, snapshot: Snapshot, now: float) -> None:
-        """lastPodEventTime: when a pod last arrived on or left the node."""
-        for node, pods in ((n, snapshot.pods_on.get(n, [])) for n in snapshot.nodes):
+        """lastPodEventTime: when a pod last arrived on or left the node. A node whose pods are the very objects of
+        the last pass (snapshots hand out the informers' objects) has had no pod event: its names are not read."""
+        on = snapshot.pods_on
+        last, self._pods_seen = self._pods_seen, {}
+        for node in snapshot.nodes:
+            pods = on.get(node, [])
+            self._pods_seen[node] = pods
+            before = last.get(node)
+            if before is not None and len(before) == len(pods) and all(
+                    a is b for a, b in zip(before, pods, strict=True)) and node in self._pod_signature:
+                continue
             signature = ",".join(sorted(name_of(p) for p in pods))
             seen = self._pod_signature.get(node)
             if seen is None or seen[0] != signature:
@@ -256,14 +267,25 @@ class Disruption:
         """Why a NodeClaim no longer matches its NodePool (Karpenter's reasons), or ""."""
         annotations = (claim.get("metadata") or {}).get("annotations") or {}
         recorded = annotations.get(L.NODEPOOL_HASH_ANNOTATION)
-        if recorded is not None and recorded != template_hash(pool):
+        pool_hash, pool_reqs = self._pool_facts(pool)
+        if recorded is not None and recorded != pool_hash:
             return "NodePoolDrifted"
         labels = (claim.get("metadata") or {}).get("labels") or {}
-        pool_reqs = Requirements.from_api([r.model_dump(exclude_none=True)
-                                           for r in pool.spec.template.spec.requirements])
         if not pool_reqs.satisfied_by({k: v for k, v in labels.items() if pool_reqs.get(k) is not None}):
             return "RequirementsDrifted"
         return self.provider.is_drifted(claim)
+
+    def _pool_facts(self, pool: NodePool) -> tuple[str, Requirements]:
+        """The pool's template hash and requirements, derived once per parsed pool (the cluster state keeps the
+        same NodePool object until the pool changes)."""
+        hit = self._pool_memo.get(id(pool))
+        if hit is None or hit[0] is not pool:
+            reqs = Requirements.from_api([r.model_dump(exclude_none=True)
+                                          for r in pool.spec.template.spec.requirements])
+            if len(self._pool_memo) > 64:
+                self._pool_memo.clear()
+            hit = self._pool_memo[id(pool)] = (pool, template_hash(pool), reqs)
+        return hit[1], hit[2]
 
     def _in_command(self, name: str) -> bool:
         if any(name_of(c) == name for cmd in self.in_flight for c in cmd.claims):

@@ -159,15 +159,18 @@ class Lifecycle:
         return repaired
 
     def _patch_status(self, claim: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        claim["status"] = {**(claim.get("status") or {}), **status}
-        return self.cluster.patch("NodeClaim", name_of(claim), {"status": claim["status"]}, subresource="status")
+        """Write `status` over the claim's; returns the claim as written, a new dict (claims come from the snapshot,
+        whose objects are the informer's own and must not be modified)."""
+        merged = {**(claim.get("status") or {}), **status}
+        self.cluster.patch("NodeClaim", name_of(claim), {"status": merged}, subresource="status")
+        return {**claim, "status": merged}
 
-    def _set(self, claim: dict[str, Any], kind: str, status: str, reason: str, message: str = "") -> None:
+    def _set(self, claim: dict[str, Any], kind: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
         conditions = with_condition((claim.get("status") or {}).get("conditions") or [], kind, status, reason,
                                     self.clock.now(), message)
         if all(is_true({"status": {"conditions": conditions}}, k) for k in ("Launched", "Registered", "Initialized")):
             conditions = with_condition(conditions, "Ready", "True", "Ready", self.clock.now())
-        self._patch_status(claim, {"conditions": conditions})
+        return self._patch_status(claim, {"conditions": conditions})
 
     def _step(self, claim: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> None:
         age = self.clock.now() - created_at(claim)
@@ -218,7 +221,6 @@ class Lifecycle:
         except KubegpuError as exc:
             self._set(claim, "Launched", "False", "LaunchFailed", str(exc))
             return
-        claim["metadata"]["labels"] = launched["metadata"]["labels"]
         self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {"labels": launched["metadata"]["labels"]}})
         status = dict(launched["status"])
         status["conditions"] = with_condition((claim.get("status") or {}).get("conditions") or [], "Launched",
@@ -238,10 +240,8 @@ class Lifecycle:
         finalizers = sorted({*(node_meta.get("finalizers") or []), L.TERMINATION_FINALIZER})
         self.cluster.patch("Node", name_of(node), {"metadata": {"labels": labels, "finalizers": finalizers},
                                                     "spec": {"taints": taints}})
-        node.setdefault("spec", {})["taints"] = taints
-        node["metadata"]["labels"] = labels
         if (claim.get("status") or {}).get("nodeName") != name_of(node):
-            self._patch_status(claim, {"nodeName": name_of(node)})
+            claim = self._patch_status(claim, {"nodeName": name_of(node)})
         self._set(claim, "Registered", "True", "Registered")
         if self.metrics is not None:
             self.metrics.nodes_created.labels(labels.get(L.NODEPOOL_LABEL, ""), labels.get(L.ZONE_LABEL, "")).inc()

@@ -77,13 +77,39 @@ def inflight_node(claim: Mapping[str, Any]) -> dict[str, Any]:
             "status": {"allocatable": dict(allocatable)}}
 
 
+class InfoMemo:
+    """NodeInfos kept from one pass to the next: a node whose object and pods are the very objects of the last pass
+    (a snapshot's objects are the informers' own, replaced whenever they change) is not parsed and summed again.
+    Callers get copies, since a pass counts more pods onto them."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[Mapping[str, Any], tuple[dict[str, Any], ...], NodeInfo]] = {}
+
+    def info(self, key: str, source: dict[str, Any], pods: list[dict[str, Any]],
+             as_node: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> NodeInfo:
+        """The NodeInfo of `source` (a Node, or what `as_node` makes of it) with `pods` counted on it."""
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not source or len(hit[1]) != len(pods) or \
+                any(a is not b for a, b in zip(hit[1], pods, strict=True)):
+            node = as_node(source) if as_node is not None else source
+            hit = self._memo[key] = (source, tuple(pods), node_info(node, pods))
+        return _copy_info(hit[2])
+
+    def retain(self, snapshot: Snapshot) -> None:
+        """Forget the nodes and NodeClaims the snapshot no longer has."""
+        live = {f"node/{name}" for name in snapshot.nodes} | {f"claim/{name_of(c)}" for c in snapshot.nodeclaims}
+        self._memo = {k: v for k, v in self._memo.items() if k in live}
+
+
 def existing_infos(snapshot: Snapshot, exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
-                   nominated: Mapping[str, set[str]] | None = None) -> list[NodeInfo]:
+                   nominated: Mapping[str, set[str]] | None = None, memo: InfoMemo | None = None) -> list[NodeInfo]:
     """Initialized nodes as they are, in-flight NodeClaims as stand-ins, unmanaged nodes as they are.
 
     With `nominated` (target name → pod keys), pending pods nominated to a node or NodeClaim count on it, so a
-    consolidation simulation does not hand their capacity to someone else.
+    consolidation simulation does not hand their capacity to someone else. With `memo`, unchanged nodes' infos are
+    reused (`InfoMemo`).
     """
+    memo = memo or InfoMemo()
     on = snapshot.pods_on
     pending = {pod_key(p): p for p in snapshot.pods if is_provisionable(p)} if nominated else {}
 
@@ -102,12 +128,12 @@ def existing_infos(snapshot: Snapshot, exclude_nodes: set[str] = frozenset(),  #
         node = snapshot.nodes.get(node_name)
         pods = pods_for(node_name, node_name, name_of(claim))
         if node is not None and is_true(claim, "Initialized"):
-            infos.append(node_info(node, pods))
+            infos.append(memo.info(f"node/{node_name}", node, pods))
         else:
-            infos.append(node_info(inflight_node(claim), pods))
+            infos.append(memo.info(f"claim/{name_of(claim)}", claim, pods, inflight_node))
     for name, node in sorted(snapshot.nodes.items()):
         if name not in claimed and name not in exclude_nodes:
-            infos.append(node_info(node, pods_for(name, name)))
+            infos.append(memo.info(f"node/{name}", node, pods_for(name, name)))
     return infos
 
 
@@ -224,6 +250,7 @@ class Provisioner:
         self.last_result: SchedulingResult | None = None
         self.metrics: AutoscalerMetrics | None = None
         self.surplus = SurplusTracker(grace=surplus_grace)
+        self._infos = InfoMemo()   # NodeInfos of unchanged nodes, from one pass to the next
         self.pool_status = PoolStatus(self.cluster, clock, self.log)
         # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
         self.terminate: Callable[[dict[str, Any], str], None] | None = None
@@ -247,6 +274,7 @@ class Provisioner:
         snapshot = snapshot or self.state.snapshot()
         self._report_pool_errors(snapshot)
         self._write_pool_status(snapshot)
+        self._infos.retain(snapshot)
         pending = self.pending_pods(snapshot)
         if not pending:   # nothing waits: every NodeClaim bought for pods that landed elsewhere is surplus
             self.batcher.reset()
@@ -320,7 +348,7 @@ class Provisioner:
             except KubegpuError as exc:
                 self._pool_error(pool.name, str(exc))
         nominated = self.state.nominations_view() if count_nominated else None
-        infos = existing_infos(snapshot, exclude_nodes, nominated)
+        infos = existing_infos(snapshot, exclude_nodes, nominated, self._infos)
         kept: dict[str, list[dict[str, Any]]] = {}
         if keep_nominations:
             aliases = target_aliases(snapshot.nodeclaims, snapshot.nodes)

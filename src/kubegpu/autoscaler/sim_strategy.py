@@ -198,7 +198,7 @@ class AutoscalerStrategy(BaseStrategy):
             return
         self._forget_interrupted(sim)
         now = sim.clock.now()
-        if now - self.last_pass >= self.idle_pass_interval or self._busy(sim):
+        if now - self.last_pass >= self.idle_pass_interval or self._busy(sim, self.autoscaler):
             self.autoscaler.step()
             self.last_pass = now
         prices = {g.name: g.price_per_hour for g in sim.node_groups}
@@ -218,12 +218,13 @@ class AutoscalerStrategy(BaseStrategy):
                     sim.cluster.delete("NodeClaim", claim["metadata"]["name"])
 
     @staticmethod
-    def _busy(sim: SimControl) -> bool:
-        """Pods wait, or a NodeClaim is still on its way to Initialized (or out): the next pass may act."""
+    def _busy(sim: SimControl, scaler: Autoscaler) -> bool:
+        """Pods wait, or a NodeClaim is still on its way to Initialized (or out): the next pass may act. The
+        claims are read from the autoscaler's informer, uncopied (nothing here modifies them)."""
         if sim.pending_pods():
             return True
         return not all(is_true(claim, "Initialized") and not (claim.get("metadata") or {}).get("deletionTimestamp")
-                       for claim in sim.cluster.list("NodeClaim"))
+                       for claim in scaler.cluster.list_shared("NodeClaim"))
 
 
 def autoscaler(argument: str | None) -> AutoscalerStrategy:

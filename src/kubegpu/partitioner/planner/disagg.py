@@ -13,9 +13,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kubegpu.gpu.geometry import free_space_score
-from kubegpu.partitioner.planner.model import GpuPlan, NodeInput, Plan, mig_resource, pod_priority
-from kubegpu.scheduling import NodeInfo, fits, pod_key
+from kubegpu.partitioner.planner.model import GpuPlan, Plan, mps_resource, pod_priority
+from kubegpu.scheduling import NodeInfo, fits
 
 if TYPE_CHECKING:
     from kubegpu.partitioner.planner.exact import Model
@@ -25,27 +27,46 @@ if TYPE_CHECKING:
 def disaggregate(problem: Problem, model: Model, values: Sequence[float]
                  ) -> tuple[dict[str, list[GpuPlan]], dict[str, str]]:
     plans: dict[str, list[GpuPlan]] = {name: [] for name in problem.states}
-    for mig in model.mig:
-        chosen = sorted(((option, round(values[col])) for option, col in zip(mig.options, mig.columns, strict=True)),
-                        key=lambda oc: (oc[0].churn, oc[0].frag, oc[0].free))
+    free: dict[str, Counter[str]] = {name: Counter() for name in problem.states}  # instances the plans offer pods
+    taken = np.rint(np.asarray(values, dtype=np.float64)).astype(np.int64)
+    keys = {(name, g.index): g.model_key for name, state in problem.states.items() for g in state.node.gpus}
+    # the options taken, class by class (a class's columns are one range, the classes' ranges in order)
+    firsts = np.array([mig.columns.start for mig in model.mig], dtype=np.int64)
+    picked = np.flatnonzero(taken[:model.mig[-1].columns.stop] if model.mig else taken[:0])
+    owner = np.searchsorted(firsts, picked, side="right") - 1
+    bounds = np.searchsorted(owner, np.arange(len(model.mig) + 1)).tolist()
+    picked_at = (picked - firsts[owner]).tolist() if len(picked) else []
+    for c, mig in enumerate(model.mig):
+        options = mig.options
+        counts = taken[mig.columns.start:mig.columns.stop]
+        chosen = picked_at[bounds[c]:bounds[c + 1]]
+        if len(chosen) > 1:
+            chosen.sort(key=lambda k: (int(options.churn[k]), int(options.frag[k]), options.free[k].tolist()))
         gpus = iter(sorted(mig.node_gpus))
-        for option, count in chosen:
-            for _ in range(count):
+        for k in chosen:
+            instances = options.world.instances(options.world.layouts[int(options.layout[k])])
+            created, destroyed = int(options.created[k]), int(options.destroyed[k])
+            offered = [(r, n) for r, n in zip(mig.resources, options.free[k].tolist(), strict=True) if n]
+            for _ in range(int(counts[k])):
                 node, index = next(gpus)
-                plans[node].append(GpuPlan(index=index, model_key=_model_key(problem, node, index),
-                                           instances=option.instances, created=option.created,
-                                           destroyed=option.destroyed))
+                plans[node].append(GpuPlan(index=index, model_key=keys[(node, index)], instances=instances,
+                                           created=created, destroyed=destroyed))
+                free[node].update(dict(offered))
     for mps in model.mps:
         keep = Counter({size: round(values[col]) for size, col in mps.keep.items()})
         new = Counter({size: round(values[col]) for size, col in mps.new.items()})
         slices = Counter(mps.used) + keep + new
-        plans[mps.node].append(GpuPlan(index=mps.index, model_key=_model_key(problem, mps.node, mps.index),
+        plans[mps.node].append(GpuPlan(index=mps.index, model_key=keys[(mps.node, mps.index)],
                                        slices=tuple(sorted(slices.elements())), created=sum(new.values()),
                                        destroyed=sum((mps.current - keep).values())))
+        free[mps.node].update({mps_resource(size): n for size, n in (keep + new).items()})
     views: dict[str, NodeInfo] = {}  # built when a pod first looks at the node
     assignments: dict[str, str] = {}
     # A node that cannot take a pod cannot take a later one asking the same (free capacity only shrinks, labels
     # and taints do not change): each kind of pod resumes its supply group's scan where the last one stopped.
+    # Unless pods are modelled node by node, every node of a pod's supply group admits it and its cpu, memory and
+    # pod slots cannot run out there (`exact._node_level`): only its partition resources need checking.
+    full_check = model.node_level
     resume: dict[tuple[Any, ...], int] = {}
     for group in sorted(model.pods, key=lambda g: -g.priority):
         pods = iter(group.pods)
@@ -63,47 +84,24 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
                 while k < len(names):
                     view = views.get(names[k])
                     if view is None:
-                        view = views[names[k]] = _view(problem, names[k], plans[names[k]])
-                    if all(view.free(unit) >= n for unit, n in units) and fits(need, view).ok:
+                        view = views[names[k]] = _view(problem, names[k], free[names[k]])
+                    if all(view.free(unit) >= n for unit, n in units) and (not full_check or fits(need, view).ok):
                         view.add_pod(pod, need.requests)
-                        assignments[pod_key(pod)] = names[k]
+                        assignments[problem.key(pod)] = names[k]
                         break
                     k += 1
                 resume[kind] = k
     return plans, assignments
 
 
-def _model_key(problem: Problem, node: str, index: int) -> str:
-    state = problem.states[node]
-    return next(g.model_key for g in state.node.gpus if g.index == index)
-
-
-def _view(problem: Problem, name: str, plans: Sequence[GpuPlan]) -> NodeInfo:
-    """The node's scheduling view after the plan: base resources plus the planned GPUs' free instances."""
-    state = problem.states[name]
-    base = state.base
+def _view(problem: Problem, name: str, free: Counter[str]) -> NodeInfo:
+    """The node's scheduling view after the plan: base resources plus the free instances its planned GPUs offer."""
+    base = problem.states[name].base
     allocatable = dict(base.allocatable)
-    for resource, n in free_instances(state.node, plans).items():
+    for resource, n in free.items():
         allocatable[resource] = allocatable.get(resource, 0.0) + n
-    return NodeInfo(node=state.node.node, allocatable=allocatable, requested=dict(base.requested), pods=[])
-
-
-def free_instances(node: NodeInput, plans: Sequence[GpuPlan]) -> Counter[str]:
-    """Partition resources the plans offer on `node`, instances and slices in use left out."""
-    from kubegpu.gpu.geometry import PlacedInstance
-    from kubegpu.partitioner.planner.model import mps_resource
-
-    gpus = {g.index: g for g in node.gpus}
-    found: Counter[str] = Counter()
-    for plan in plans:
-        gpu = gpus[plan.index]
-        if node.mode == "mps":
-            found.update(Counter(mps_resource(gb) for gb in plan.slices)
-                         - Counter(mps_resource(s.size_gb) for s in gpu.slices if s.used))
-        elif gpu.model is not None:
-            used = {PlacedInstance(i.profile_id, i.start) for i in gpu.instances if i.used}
-            found.update(mig_resource(gpu.model, i.profile_id) for i in plan.instances if i not in used)
-    return found
+    return NodeInfo(node=problem.states[name].node.node, allocatable=allocatable, requested=dict(base.requested),
+                    pods=[])
 
 
 def plan_objective(problem: Problem, plan: Plan) -> tuple[Any, ...]:
@@ -111,7 +109,7 @@ def plan_objective(problem: Problem, plan: Plan) -> tuple[Any, ...]:
     first), instances created plus destroyed, minus the free-space score of the new MIG layouts."""
     per_level: Counter[int] = Counter()
     for pod, _ in problem.candidates:
-        if pod_key(pod) in plan.assignments:
+        if problem.key(pod) in plan.assignments:
             per_level[pod_priority(pod)] += 1
     levels = sorted({pod_priority(p) for p, _ in problem.candidates}, reverse=True)
     models: Mapping[tuple[str, int], Any] = {(n.name, g.index): g.model for n in problem.nodes for g in n.gpus}

@@ -12,7 +12,8 @@ from functools import cached_property
 
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance, free_space_score, layout_errors, place
-from kubegpu.partitioner.planner.model import GpuPlan, mig_resource, mps_resource, mps_size
+from kubegpu.partitioner.planner.layouts import Universe
+from kubegpu.partitioner.planner.model import CurrentInstance, GpuPlan, mig_resource, mps_resource, mps_size
 from kubegpu.sharing.names import mig_resource_name
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,6 +215,9 @@ class GpuCache:
         self._fragmentation: dict[tuple[str, int, tuple[tuple[int, int], ...]], int] = {}
         self._errors: dict[tuple[str, int, tuple[PlacedInstance, ...]], str] = {}
         self._legal: dict[tuple[str, int, tuple[tuple[int, int], ...]], bool] = {}
+        self._legal_masks: dict[tuple[str, int], tuple[GpuModel, dict[tuple[int, int], int], frozenset[int]]] = {}
+        self._layouts: dict[tuple[str, int, tuple[tuple[int, int, bool], ...]], tuple[
+            GpuModel, tuple[PlacedInstance, ...], tuple[tuple[PlacedInstance, str], ...], str]] = {}
         # MigGpu.add per GPU shape: key → (the model, kept alive so its id stays its own; the new tagged layout)
         self.additions: dict[tuple[object, ...], tuple[GpuModel, tuple[tuple[PlacedInstance, str], ...] | None]] = {}
 
@@ -222,6 +226,41 @@ class GpuCache:
         if len(self.additions) > self.LIMIT:
             self.additions.clear()
         self.additions[key] = (model, layout)
+
+    def mig_layout(self, model: GpuModel, instances: Sequence[CurrentInstance]
+                   ) -> tuple[tuple[PlacedInstance, ...], tuple[tuple[PlacedInstance, str], ...], str]:
+        """A MIG GPU's current layout, its instances tagged in use or free, and the first reason it is illegal ("" if
+        legal), once per distinct layout (keyed on plain numbers: a fleet has thousands of GPUs of a few hundred
+        shapes, and GPUs of one shape share these tuples, so later steps can key on their identity)."""
+        key = (model.key, id(model), tuple((i.profile_id, i.start, i.used) for i in instances))
+        found = self._layouts.get(key)
+        if found is None or found[0] is not model:
+            if len(self._layouts) > self.LIMIT:
+                self._layouts.clear()
+            layout = tuple(PlacedInstance(i.profile_id, i.start) for i in instances)
+            tagged = tuple((placed, USED if i.used else FREE) for placed, i in zip(layout, instances, strict=True))
+            found = self._layouts[key] = (model, layout, tagged, self._layout_error(model, key[2]))
+        return found[1], found[2], found[3]
+
+    def _layout_error(self, model: GpuModel, instances: tuple[tuple[int, int, bool], ...]) -> str:
+        """`layout_error`, short-cut by the model's legal layouts (`layouts.Universe`, with `+me` profiles): a layout
+        whose placements form one of them is legal; any other is asked of `geometry.layout_errors` for its reason."""
+        key = (model.key, id(model))
+        found = self._legal_masks.get(key)
+        if found is None or found[0] is not model:
+            world = Universe(model, media_extensions=True)
+            found = self._legal_masks[key] = (model, world.bit, frozenset(world.layouts))
+        _, bit, legal = found
+        mask = 0
+        for profile_id, start, _ in instances:
+            k = bit.get((profile_id, start))
+            if k is None or mask >> k & 1:
+                break
+            mask |= 1 << k
+        else:
+            if mask in legal:
+                return ""
+        return self.layout_error(model, tuple(PlacedInstance(p, s) for p, s, _ in instances))
 
     def layout_error(self, model: GpuModel, layout: tuple[PlacedInstance, ...]) -> str:
         """The first of `geometry.layout_errors` for a GPU's current layout, "" when it is legal: a controller

@@ -90,6 +90,12 @@ class Problem:
     candidates: list[Candidate]
     rejected: dict[str, str]
     parsed: dict[int, PodRequirements] = field(default_factory=dict)  # id(pod) → its requirements, parsed once
+    keys: dict[int, str] = field(default_factory=dict)  # id(pod) → its key, made once
+
+    def key(self, pod: dict[str, Any]) -> str:
+        """The pod's key ("namespace/name"), made once per pod (a plan looks a fleet's pods up many times)."""
+        found = self.keys.get(id(pod))
+        return pod_key(pod) if found is None else found
 
     def requirements(self, pod: dict[str, Any]) -> PodRequirements:
         """The pod's parsed requirements (parsed once, when the candidates were found)."""
@@ -115,7 +121,7 @@ def prepare(nodes: Sequence[NodeInput], pods: Sequence[dict[str, Any]], cache: G
                 largest_mps = max(largest_mps, gpu.capacity_gb)
     parsed: dict[int, PodRequirements] = {}
     found, rejected = candidates(pods, offered, largest_mps, parsed)
-    return Problem(nodes, pods, states, errors, found, rejected, parsed)
+    return Problem(nodes, pods, states, errors, found, rejected, parsed, {id(p): pod_key(p) for p in pods})
 
 
 def finish(problem: Problem, gpu_plans: Mapping[str, Sequence[GpuPlan]], assignments: Mapping[str, str],
@@ -123,19 +129,20 @@ def finish(problem: Problem, gpu_plans: Mapping[str, Sequence[GpuPlan]], assignm
     """The Plan: every node's GPU plans (planned ones plus those left alone) and every pod's fate, in input order."""
     unschedulable = dict(problem.rejected)
     eligible: dict[str, list[str]] = {}
+    key = problem.key
     for pod, units in problem.candidates:
-        if pod_key(pod) not in assignments:
-            unschedulable[pod_key(pod)] = unschedulable_reason(pod, units, problem.plannable, eligible)
+        if key(pod) not in assignments:
+            unschedulable[key(pod)] = unschedulable_reason(pod, units, problem.plannable, eligible)
     node_plans = {}
     for node in problem.nodes:
         plans = [*gpu_plans.get(node.name, ()), *problem.errors.get(node.name, [])]
         node_plans[node.name] = NodePlan(node.name, node.mode, tuple(sorted(plans, key=lambda g: g.index)))
-    keys = [pod_key(p) for p in problem.pods]
+    keys = [key(p) for p in problem.pods]
     return Plan(
         nodes=node_plans,
         assignments={k: assignments[k] for k in keys if k in assignments},
         unschedulable={k: unschedulable[k] for k in keys if k in unschedulable},
-        pod_names={pod_key(p): str((p.get("metadata") or {}).get("name", "")) for p in problem.pods},
+        pod_names={key(p): str((p.get("metadata") or {}).get("name", "")) for p in problem.pods},
         impossible=frozenset(problem.rejected),
         **meta,
     )
@@ -198,11 +205,9 @@ def _gpu_state(mode: Mode, gpu: GpuInput, cache: GpuCache) -> tuple[GpuState | N
                        gpu.frozen), None
     if not gpu.model.mig_capable:
         return None, f"GPU model {gpu.model.key} does not support MIG"
-    layout = tuple(PlacedInstance(i.profile_id, i.start) for i in gpu.instances)
-    problem = cache.layout_error(gpu.model, layout)
+    layout, tagged, problem = cache.mig_layout(gpu.model, gpu.instances)
     if problem:
         return None, f"current layout is not legal: {problem}"
-    tagged = tuple((placed, USED if i.used else FREE) for placed, i in zip(layout, gpu.instances, strict=True))
     return MigGpu(gpu.index, gpu.model, tagged, layout, gpu.frozen, cache), None
 
 

@@ -15,7 +15,7 @@ each class's options are remembered across plans by the planner's `LayoutCache`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -24,9 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kubegpu.gpu.catalog import GpuModel, MigProfile
-from kubegpu.gpu.geometry import PlacedInstance, free_space_score
-
-_UNKNOWN = -(1 << 62)  # a fragmentation not computed yet
+from kubegpu.gpu.geometry import PlacedInstance
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,37 @@ class LayoutOption:
         return self.created + self.destroyed
 
 
+Ints = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class Options:
+    """A GPU class's options as arrays, one row each (sorted by their free multiset): the exact planner builds its
+    columns from them in bulk, and only the options a plan chooses become `LayoutOption`s (`option`); iterating
+    gives every one as a `LayoutOption`."""
+
+    world: Universe
+    free: Ints  # [option, profile]: free instances per profile, in `Universe.profile_ids` order
+    layout: Ints  # index of the whole layout in `world.layouts`
+    created: Ints
+    destroyed: Ints
+    frag: Ints
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    @property
+    def churn(self) -> Ints:
+        return self.created + self.destroyed
+
+    def option(self, k: int) -> LayoutOption:
+        return LayoutOption(tuple(self.free[k].tolist()), self.world.instances(self.world.layouts[int(self.layout[k])]),
+                            int(self.created[k]), int(self.destroyed[k]), int(self.frag[k]))
+
+    def __iter__(self) -> Iterator[LayoutOption]:
+        return (self.option(k) for k in range(len(self)))
+
+
 class Universe:
     """Every legal layout of one model (with or without `+me` profiles), as masks over its placements."""
 
@@ -55,8 +84,8 @@ class Universe:
         self.bit = {(p.profile_id, s): k for k, (p, s) in enumerate(self.placements)}
         self.layouts: list[int] = []
         self.counts: list[tuple[int, ...]] = []
+        self.memory: list[int] = []  # occupied memory slots of each layout, as a bit mask
         self._enumerate(profiles)
-        self._frag: dict[int, int] = {}
         self._instances: dict[int, tuple[PlacedInstance, ...]] = {}
 
     def _enumerate(self, profiles: list[MigProfile]) -> None:
@@ -68,6 +97,7 @@ class Universe:
         def walk(first: int, mask: int, memory: int, slices: int, media: int) -> None:
             self.layouts.append(mask)
             self.counts.append(tuple(counts))
+            self.memory.append(memory)
             for k in range(first, len(slots)):
                 memory_mask, index, profile = slots[k]
                 if (memory & memory_mask or counts[index] >= profile.max_count
@@ -100,27 +130,52 @@ class Universe:
         return found
 
     def frag(self, index: int) -> int:
-        if index not in self._frag:
-            self._frag[index] = -free_space_score(self.model, list(self.instances(self.layouts[index])))
-        return self._frag[index]
+        """Minus `geometry.free_space_score` of one layout."""
+        return int(self._frags[index])
 
     @cached_property
-    def arrays(self) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def arrays(self) -> tuple[npt.NDArray[np.bool_], Ints, Ints]:
         """The layouts as arrays: which placements each holds, its instances per profile and its instance count."""
-        bits = np.array([[mask >> k & 1 for k in range(len(self.placements))] for mask in self.layouts], dtype=bool)
+        placements = len(self.placements)
+        if placements < 63:
+            masks = np.array(self.layouts, dtype=np.int64)
+            bits = (masks[:, None] >> np.arange(placements, dtype=np.int64)) & 1 != 0
+        else:  # never on the catalog's models (25 placements at most); kept exact all the same
+            bits = np.array([[mask >> k & 1 for k in range(placements)] for mask in self.layouts], dtype=bool)
         counts = np.array(self.counts, dtype=np.int64).reshape(len(self.layouts), len(self.profile_ids))
         return bits, counts, bits.sum(axis=1)
 
     @cached_property
-    def _frags(self) -> npt.NDArray[np.int64]:
-        return np.full(len(self.layouts), _UNKNOWN, dtype=np.int64)
+    def _frags(self) -> Ints:
+        """`frag` of every layout at once: `geometry.free_space_score` over arrays (the same sum, term by term: for
+        each profile that could still be added, its free legal starts times its size squared)."""
+        memory = np.array(self.memory, dtype=np.int64)
+        _, counts, _ = self.arrays
+        position = {p: k for k, p in enumerate(self.profile_ids)}
+        by_id = self.model.profile_by_id()
+        # as geometry counts them: each profile present once, whatever its count
+        compute = (counts > 0).astype(np.int64) @ np.array([by_id[p].compute_slices for p in self.profile_ids],
+                                                            dtype=np.int64)
+        slices_left = self.model.mig_compute_slices - compute
+        score = np.zeros(len(self.layouts), dtype=np.int64)
+        for profile in self.model.mig_profiles:
+            if profile.media_extensions:
+                continue
+            k = position.get(profile.profile_id)
+            room = slices_left >= profile.compute_slices
+            if k is not None:
+                room &= counts[:, k] < profile.max_count
+            elif profile.max_count <= 0:
+                continue
+            free_starts = np.zeros(len(self.layouts), dtype=np.int64)
+            for start in profile.starts:
+                free_starts += (memory & (((1 << profile.memory_slots) - 1) << start)) == 0
+            score += np.where(room, free_starts * profile.memory_slots**2, 0)
+        return -score
 
-    def frags(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Fragmentation (`frag`) of these layouts, as an array (each computed once, when first asked for)."""
-        known = self._frags
-        for index in np.unique(indices[known[indices] == _UNKNOWN]).tolist():
-            known[index] = self.frag(index)
-        return known[indices]
+    def frags(self, indices: Ints) -> Ints:
+        """Fragmentation (`frag`) of these layouts, as an array."""
+        return self._frags[indices]
 
 
 _PAIRS = 1 << 22  # (row, row) pairs of one batch compared directly; a larger batch takes the lattice
@@ -183,6 +238,45 @@ def _counts_of(universe: Universe, mask: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def _pairs(world: Universe, used: npt.NDArray[np.bool_], free: npt.NDArray[np.bool_], barred: npt.NDArray[np.bool_]
+           ) -> tuple[Ints, Ints, Ints]:
+    """The (layout, class) pairs where the layout keeps the class's in-use instances and adds none of its barred
+    placements, with the class's free instances each keeps: on placement bit masks (one integer per layout and
+    class) where they fit in 63 bits, as they do on every model of the catalog, else on boolean matrices."""
+    bits, _, _ = world.arrays
+    placements = len(world.placements)
+    if placements < 63:
+        weights = np.int64(1) << np.arange(placements, dtype=np.int64)
+        masks = np.array(world.layouts, dtype=np.int64)
+        used_masks, free_masks, barred_masks = ((m.astype(np.int64) * weights).sum(axis=1)
+                                                for m in (used, free, barred))
+        grid = masks[:, None]
+        holds = ((grid & used_masks) == used_masks) & ((grid & barred_masks) == 0)
+        layout, cls = np.nonzero(holds)
+        return layout, cls, np.bitwise_count(masks[layout] & free_masks[cls]).astype(np.int64)
+    holds = (bits.astype(np.int64) @ used.T.astype(np.int64)) == used.sum(axis=1)
+    holds &= (bits.astype(np.int64) @ barred.T.astype(np.int64)) == 0
+    layout, cls = np.nonzero(holds)
+    return layout, cls, (bits[layout] & free[cls]).sum(axis=1).astype(np.int64)
+
+
+def _order(keys: tuple[Ints, ...]) -> Ints:
+    """`np.lexsort` with the first key most significant: the keys packed into one integer when their ranges fit
+    in 62 bits (one sort instead of one per key), else lexsort itself."""
+    packed = np.zeros(len(keys[0]), dtype=np.int64)
+    width = 0
+    for key in keys:
+        if not len(key):
+            return np.zeros(0, dtype=np.int64)
+        low = int(key.min())
+        span = (int(key.max()) - low).bit_length()
+        width += span
+        if width > 62:
+            return np.lexsort(keys[::-1])
+        packed = (packed << span) | (key - low)
+    return np.argsort(packed, kind="stable")
+
+
 Request = tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...], bool]  # in-use, free instances, frozen
 _CHUNK = 1024  # classes computed together (bounds the layouts x classes x profiles arrays)
 
@@ -197,7 +291,7 @@ class LayoutCache:
 
     def __init__(self) -> None:
         self._universes: dict[tuple[str, int, bool], Universe] = {}
-        self._options: dict[tuple[Any, ...], tuple[Universe, list[LayoutOption]]] = {}
+        self._options: dict[tuple[Any, ...], tuple[Universe, Options]] = {}
 
     def universe(self, model: GpuModel, media_extensions: bool) -> Universe:
         key = (model.key, id(model), media_extensions)
@@ -207,12 +301,12 @@ class LayoutCache:
         return found
 
     def mig_options(self, model: GpuModel, used: tuple[PlacedInstance, ...], free: tuple[PlacedInstance, ...],
-                    wanted: frozenset[int], frozen: bool = False) -> tuple[Universe, list[LayoutOption]]:
+                    wanted: frozenset[int], frozen: bool = False) -> tuple[Universe, Options]:
         """The columns of one GPU class (see `mig_options_many`)."""
         return self.mig_options_many(model, wanted, [(used, free, frozen)])[0]
 
     def mig_options_many(self, model: GpuModel, wanted: frozenset[int], requests: Sequence[Request]
-                         ) -> list[tuple[Universe, list[LayoutOption]]]:
+                         ) -> list[tuple[Universe, Options]]:
         """The columns of GPU classes of one model: per class, the best layout per multiset of free instances pods
         want, sorted by it.
 
@@ -223,7 +317,7 @@ class LayoutCache:
         another one dominates (at least as many wanted instances of every profile, no more churn and
         fragmentation) is dropped. A frozen GPU keeps its current layout (one option). Classes are computed
         together, as arrays over (layout, class) pairs."""
-        found: list[tuple[Universe, list[LayoutOption]] | None] = [None] * len(requests)
+        found: list[tuple[Universe, Options] | None] = [None] * len(requests)
         batches: dict[bool, list[int]] = {}
         with_media = {p.profile_id for p in model.mig_profiles if p.media_extensions}
         wants_media = bool(with_media & wanted)
@@ -239,8 +333,9 @@ class LayoutCache:
                 assert used_mask is not None and free_mask is not None, "a legal layout is always in its universe"
                 index = world.layouts.index(used_mask | free_mask)
                 now = tuple(a - b for a, b in zip(world.counts[index], _counts_of(world, used_mask), strict=True))
-                found[k] = (world, [LayoutOption(now, world.instances(used_mask | free_mask), 0, 0,
-                                                 world.frag(index))])
+                found[k] = (world, Options(world, np.array([now], dtype=np.int64).reshape(1, len(now)),
+                                           np.array([index]), np.zeros(1, dtype=np.int64),
+                                           np.zeros(1, dtype=np.int64), np.array([world.frag(index)])))
             else:
                 batches.setdefault(media, []).append(k)
         for media, members in batches.items():
@@ -257,30 +352,28 @@ class LayoutCache:
         return [f for f in found if f is not None]
 
 
-def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request]) -> list[list[LayoutOption]]:
-    bits, counts, sizes = world.arrays
+def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request]) -> list[Options]:
+    _, counts, sizes = world.arrays
     placements = len(world.placements)
     used = np.zeros((len(requests), placements), dtype=bool)
     free = np.zeros((len(requests), placements), dtype=bool)
     allowed = np.zeros((len(requests), len(world.profile_ids)), dtype=bool)
     want = np.array([p in wanted for p in world.profile_ids])
+    bit = world.bit
     for c, (in_use, spare, _) in enumerate(requests):
-        used[c, [world.bit[(i.profile_id, i.start)] for i in in_use]] = True
-        free[c, [world.bit[(i.profile_id, i.start)] for i in spare]] = True
+        used[c, [bit[(i.profile_id, i.start)] for i in in_use]] = True
+        free[c, [bit[(i.profile_id, i.start)] for i in spare]] = True
         present = {i.profile_id for i in spare}
         allowed[c] = [p in wanted or p in present for p in world.profile_ids]
-    of_profile = np.zeros((placements, len(world.profile_ids)), dtype=np.int64)
     position = {p: k for k, p in enumerate(world.profile_ids)}
-    for k, (profile, _) in enumerate(world.placements):
-        of_profile[k, position[profile.profile_id]] = 1
-    base = used.astype(np.int64) @ of_profile  # in-use instances per class and profile
+    of_profile = np.array([position[profile.profile_id] for profile, _ in world.placements], dtype=np.int64)
+    # the placements a class may not add: those of profiles no pod wants and the class has no free instance of
+    barred = ~allowed[:, of_profile] & ~used
+    layout, cls, kept = _pairs(world, used, free, barred)
+    base = np.zeros((len(requests), len(world.profile_ids)), dtype=np.int64)
+    np.add.at(base, (np.nonzero(used)[0], of_profile[np.nonzero(used)[1]]), 1)  # in-use instances per profile
     n_used, have = used.sum(axis=1), free.sum(axis=1)
-    holds = (bits.astype(np.int64) @ used.T.astype(np.int64)) == n_used  # [layout, class]: keeps the in-use ones
-    layout, cls = np.nonzero(holds)
-    extra = counts[layout] - base[cls]  # [pair, profile]: free instances of the layout
-    fits = ~((extra != 0) & ~allowed[cls]).any(axis=1)
-    layout, cls, extra = layout[fits], cls[fits], extra[fits]
-    offered = extra * want  # unwanted profiles serve nobody
+    offered = (counts[layout] - base[cls]) * want  # free instances of the layout; unwanted ones serve nobody
     # each offer as one integer, ordered as the offers are lexicographically (first profile most significant)
     radix = int(offered.max(initial=0)) + 1
     weights = radix ** np.arange(offered.shape[1] - 1, -1, -1, dtype=np.int64)
@@ -288,26 +381,28 @@ def _batch(world: Universe, wanted: frozenset[int], requests: Sequence[Request])
         key = np.unique(offered, axis=0, return_inverse=True)[1].reshape(-1)
     else:
         key = offered @ weights
-    kept = (bits[layout] & free[cls]).sum(axis=1)
     churn = have[cls] + (sizes[layout] - n_used[cls]) - 2 * kept
     frag = world.frags(layout)
     # the best layout per (class, offer): fewest changes, then least fragmentation, then the lowest index
-    order = np.lexsort((layout, frag, churn, key, cls))
+    order = _order((cls, key, churn, frag, layout))
     first = np.ones(len(order), dtype=bool)
     first[1:] = (np.diff(key[order]) != 0) | (np.diff(cls[order]) != 0)
     best = order[first]
     # ranked per class by changes, fragmentation, then larger offers: an option is dominated when a better-ranked
     # one of its class offers at least as much of every profile
-    best = best[np.lexsort((key[best], -offered[best].sum(axis=1), frag[best], churn[best], cls[best]))]
+    best = best[_order((cls[best], churn[best], frag[best], -offered[best].sum(axis=1), key[best]))]
     front = best[_undominated(cls[best], offered[best])]
-    front = front[np.lexsort((key[front], cls[front]))]
-    options: list[list[LayoutOption]] = [[] for _ in requests]
-    destroyed = (have[cls[front]] - kept[front]).tolist()
-    created = (churn[front] - have[cls[front]] + kept[front]).tolist()
-    instances = world.instances
-    masks = world.layouts
-    for offer, c, index, n_created, n_destroyed, n_frag in zip(map(tuple, offered[front].tolist()),
-                                                               cls[front].tolist(), layout[front].tolist(), created,
-                                                               destroyed, frag[front].tolist(), strict=True):
-        options[c].append(LayoutOption(offer, instances(masks[index]), n_created, n_destroyed, n_frag))
-    return options
+    front = front[_order((cls[front], key[front]))]
+    destroyed = have[cls[front]] - kept[front]
+    created = churn[front] - destroyed
+    # front is sorted by class: each class's options are one slice of these arrays
+    ends = np.cumsum(np.bincount(cls[front], minlength=len(requests))).tolist()
+    free_front, layout_front, frag_front = offered[front], layout[front], frag[front]
+    found: list[Options] = []
+    first_row = 0
+    for end in ends:
+        rows = slice(first_row, end)
+        found.append(Options(world, free_front[rows], layout_front[rows], created[rows], destroyed[rows],
+                             frag_front[rows]))
+        first_row = end
+    return found
