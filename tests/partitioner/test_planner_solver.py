@@ -140,7 +140,7 @@ def test_every_solver_run_ends_within_the_plan_budget(mig_node: MigNode, make_po
         ended = time.perf_counter()
         assert began <= starts[-1] and all(starts[-1] <= d for d in deadlines + graced)
         assert all(d <= starts[-1] + (1 - planner_exact.FINISH_SHARE) * limit + 1e-9 for d in deadlines)
-        assert all(g <= ended + planner_exact.grace_s(limit) for g in graced)
+        assert all(g <= ended + planner_exact.grace_s(limit, planner_exact.SLOWDOWN) for g in graced)
         assert plan_violations(nodes, pods, result) == []
         problem = prepare(nodes, pods)
         assert plan_objective(problem, result) <= plan_objective(problem, plan(nodes, pods, planner="greedy"))
