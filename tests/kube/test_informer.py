@@ -55,6 +55,44 @@ def test_other_kinds_and_filtered_lists_go_to_the_store() -> None:
     assert informed.get("Pod", "a", "x")["metadata"]["name"] == "a"
 
 
+def test_changes_name_each_changed_object_once_and_say_when_to_read_everything_again() -> None:
+    store = MemoryCluster(VirtualClock(0))
+    store.create(pod("a"))
+    informed = InformedCluster(store, ("Pod",), copy=False)
+    token, changed = informed.changes("Pod", None)
+    assert changed is None  # no token yet: read everything
+    assert informed.changes("Pod", token) == (token, [])
+    store.create(pod("b"))
+    store.patch("Pod", "a", {"metadata": {"labels": {"x": "1"}}})
+    store.patch("Pod", "b", {"metadata": {"labels": {"x": "2"}}})
+    store.delete("Pod", "a")
+    later, changed = informed.changes("Pod", token)
+    assert changed is not None and [(key, obj is None) for key, obj in changed] == [
+        (("default", "b"), False), (("default", "a"), True)]  # each once, in the order of its last change
+    assert changed[0][1] is informed.list("Pod")[0]  # the cached object (copy=False)
+    assert informed.changes("Pod", later) == (later, [])
+    assert informed.changes("Pod", later + 5)[1] is None  # a token this cache never gave
+    assert informed.changes("Node", 0) == (0, None)  # not informed here
+
+
+def test_a_caller_behind_the_journal_or_a_relist_reads_everything_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kubegpu.kube.informer as informer
+
+    monkeypatch.setattr(informer, "JOURNAL_LIMIT", 4)
+    store = MemoryCluster(VirtualClock(0))
+    informed = InformedCluster(store, ("Pod",), copy=False)
+    token, _ = informed.changes("Pod", None)
+    for name in "abcdef":
+        store.create(pod(name))
+    behind, changed = informed.changes("Pod", token)
+    assert changed is None  # the journal no longer reaches back to the token
+    store.create(pod("g"))
+    assert [key for key, _ in informed.changes("Pod", behind)[1] or []] == [("default", "g")]
+    current, _ = informed.changes("Pod", behind)
+    informed._relist(informed._caches["Pod"])  # what a 410 Gone does
+    assert informed.changes("Pod", current)[1] is None
+
+
 class Counting:
     """A `Cluster` without `subscribe` (so the informer watches from threads, as against a real API server) that
     counts the LISTs and WATCHes it serves; `expire` makes the next watch answer 410 Gone."""

@@ -308,3 +308,19 @@ def test_update_patches_like_patch_without_handing_a_copy_back() -> None:
     assert cluster.get("Node", "n1")["status"] == {"capacity": {"cpu": "1"}}
     with pytest.raises(NotFound):
         cluster.update("Node", "gone", {"metadata": {"labels": {}}})
+
+
+def test_add_creates_like_create_without_handing_a_copy_back() -> None:
+    cluster = MemoryCluster(VirtualClock(0))
+    seen_events: list[WatchEvent] = []
+    cluster.subscribe("Node", seen_events.append)
+    given = node("n1", {"a": "1"})
+    assert cluster.add(given) is None
+    stored = cluster.get("Node", "n1")
+    assert stored["metadata"]["uid"] and stored["metadata"]["resourceVersion"] == cluster.resource_version
+    assert "uid" not in given["metadata"]  # the caller's metadata is not the stored one
+    assert stored["metadata"]["labels"] == {"a": "1"} and [e.type for e in seen_events] == ["ADDED"]
+    with pytest.raises(Conflict):
+        cluster.add(node("n1"))
+    with pytest.raises(Invalid):
+        cluster.add({"metadata": {"name": "no-kind"}})

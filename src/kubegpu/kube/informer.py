@@ -16,6 +16,11 @@ already holds a newer version), so a controller reads its own writes on its next
 Lists come back sorted by (namespace, name), as from the stores. By default they are copies, so a caller may
 modify what it gets; `copy=False` hands out the cached objects, which callers then must not modify (the
 simulator's hot path).
+
+`changes(kind, since)` is what client-go's event handlers give a controller: the objects that changed (or went)
+since the caller's last token, so a controller that derives facts per object keeps them current without
+re-reading every object on every pass (the partitioner at fleet scale, issue 28). The journal behind it is bounded;
+a caller too far behind, or one whose kind was listed again (410 Gone), is told to start over from a full list.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ LOG = logging.getLogger("kubegpu.kube.informer")
 _Key = tuple[str, str]
 WATCH_WINDOW_S = 60.0
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 30.0
+JOURNAL_LIMIT = 50_000  # changed keys a kind's journal keeps (halved when full; a caller behind it relists)
 MIN_WATCH_S = 1.0   # the shortest time between two watch requests of one kind
 
 
@@ -81,6 +87,8 @@ class _KindCache:
     served: bool = True        # False while the API server answers NotFound for the kind (CRD not installed)
     lists: int = 0             # how often the kind was listed (1 after the initial sync, while nothing expires)
     error: str = ""
+    journal: builtins.list[_Key] = field(default_factory=builtins.list)  # keys changed, oldest first
+    journal_start: int = 1     # the change number of journal[0]; a relist starts a new journal
 
 
 class InformedCluster(Cluster):
@@ -151,12 +159,16 @@ class InformedCluster(Cluster):
             with self._lock:
                 cache.served, cache.objects, cache.ordered, cache.version = False, {}, None, ""
                 cache.keys = None
+                cache.journal_start += len(cache.journal) + 1
+                cache.journal = []
                 cache.lists += 1
             cache.synced.set()
             raise
         with self._lock:
             cache.objects = {_key(obj): obj for obj in items}
             cache.keys = None
+            cache.journal_start += len(cache.journal) + 1  # every object may have changed: callers start over
+            cache.journal = []
             cache.ordered, cache.version, cache.served, cache.error = None, version, True, ""
             cache.lists += 1
         cache.synced.set()
@@ -175,6 +187,12 @@ class InformedCluster(Cluster):
             else:
                 return
             cache.ordered = None  # a change keeps the order of the others: only a new or gone key sorts again
+            journal = cache.journal
+            journal.append(key)
+            if len(journal) > JOURNAL_LIMIT:
+                dropped = len(journal) - JOURNAL_LIMIT // 2
+                del journal[:dropped]
+                cache.journal_start += dropped
 
     def _run(self, cache: _KindCache) -> None:
         """List once; watch in windows resuming from the last version; list again only on 410 Gone."""
@@ -251,6 +269,24 @@ class InformedCluster(Cluster):
             ordered = [obj for obj in ordered if (not namespace or _key(obj)[0] == namespace)
                        and selector.matches((obj.get("metadata") or {}).get("labels"))]
         return ([self._out(obj) for obj in ordered] if self.copy else builtins.list(ordered)), version
+
+    def changes(self, kind: str, since: int | None
+                ) -> tuple[int, builtins.list[tuple[_Key, dict[str, Any] | None]] | None]:
+        """What changed in `kind` after the token `since`: a new token, and each changed (namespace, name) once, in
+        the order of its last change, with its object now (None: gone). The list is None when the caller must read
+        everything again (`since` is None, too old for the journal, or from before a relist, or the kind is not
+        informed here): then `list` gives the state as of the new token."""
+        cache = self._caches.get(kind)
+        with self._lock:
+            if cache is None:
+                return 0, None
+            token = cache.journal_start + len(cache.journal) - 1
+            if since is None or not cache.synced.is_set() or since < cache.journal_start - 1 or since > token:
+                return token, None
+            keys = dict.fromkeys(reversed(cache.journal[since + 1 - cache.journal_start:]))
+            objects = cache.objects
+            changed = [(key, objects.get(key)) for key in reversed(keys)]
+        return token, [(key, None if obj is None else self._out(obj)) for key, obj in changed]
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         cache = self._cache_for(kind)

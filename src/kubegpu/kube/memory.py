@@ -14,7 +14,8 @@ are not validated against their schemas, and there is no server-side apply.
 
 Thread-safe: one re-entrant lock guards the store; watches wait on a condition and yield outside the lock.
 Stored objects are never mutated in place (every write stores a new dict), so watch history and subscribers can
-share them; everything returned to callers is a copy.
+share them; everything returned to callers is a copy. `add` and `update` (create and merge-patch for callers
+that need no answer) return nothing and take over what they are given instead of copying it.
 """
 
 from __future__ import annotations
@@ -118,9 +119,22 @@ class MemoryCluster(Cluster):
 
     # ------------------------------------------------------------------ writes
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return clone(self._created(obj))
+
+    def add(self, obj: dict[str, Any]) -> None:
+        """A create whose result the caller does not need: no copy of the stored object is handed back, and `obj`
+        is not copied beyond its metadata, so the caller hands it over and must not modify it afterwards (the
+        simulator's hot path: one Pod per job)."""
+        self._created(obj, copy=False)
+
+    def _created(self, obj: dict[str, Any], copy: bool = True) -> dict[str, Any]:
+        """Create; the stored object (not a copy: callers must not modify it)."""
         if not isinstance(obj, dict) or not obj.get("kind"):
             raise Invalid(f"object to create: kind: Required value (got {type(obj).__name__})")
-        new = clone(obj)
+        if copy or not isinstance(obj.get("metadata"), dict):
+            new = clone(obj)
+        else:  # the store changes only the metadata in place; everything else it replaces, never modifies
+            new = {**obj, "metadata": dict(obj["metadata"])}
         spec = resource_kind(str(new["kind"]))
         if new.get("apiVersion", spec.api_version) != spec.api_version:
             raise Invalid(f"{spec.kind}: apiVersion {new.get('apiVersion')!r} is not {spec.api_version!r}")
@@ -150,7 +164,7 @@ class MemoryCluster(Cluster):
             metadata.pop("deletionTimestamp", None)
             metadata.pop("deletionGracePeriodSeconds", None)
             self._commit(spec.kind, key, "ADDED", new, None)
-            return clone(new)
+            return new
 
     def patch(
         self,
@@ -167,16 +181,17 @@ class MemoryCluster(Cluster):
     def update(self, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None,
                subresource: str | None = None) -> None:
         """A merge `patch` whose result the caller does not need: no copy of the stored object is handed back,
-        which is most of a patch's cost on a large object (the simulator's hot path: agents' reports, bindings)."""
-        self._patched(kind, name, patch, namespace, "merge", subresource)
+        which is most of a patch's cost on a large object (the simulator's hot path: agents' reports, bindings).
+        Nor is `patch` copied: the caller hands it over and must not modify it afterwards."""
+        self._patched(kind, name, patch, namespace, "merge", subresource, copy_patch=False)
 
     def _patched(self, kind: str, name: str, patch: dict[str, Any] | builtins.list[Any], namespace: str | None,
-                 patch_type: str, subresource: str | None) -> dict[str, Any]:
+                 patch_type: str, subresource: str | None, copy_patch: bool = True) -> dict[str, Any]:
         """Apply a patch; the stored object after it (not a copy: callers must not modify it)."""
         spec = resource_kind(kind)
         self._check_patch_request(spec, patch_type, subresource)
         key = (self._namespace(spec, namespace), name)
-        body = clone(patch)
+        body = clone(patch) if copy_patch else patch
         with self._lock:
             current = self._objects.get(kind, {}).get(key)
             if current is None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 from pathlib import Path
@@ -49,6 +50,9 @@ def plan_command(
 ) -> None:
     """Plan MIG/MPS layouts for a cluster state offline: which pods a re-cut would make schedulable."""
     check_planner(planner, time_limit, "--planner", "--time-limit")
+    # One short-lived run that frees what it drops by reference counting: the cyclic collector only re-walked the
+    # growing heap (a fleet's state file is millions of objects), a third of the time spent reading one.
+    gc.disable()
     nodes, pods = planner_inputs(load_state(state), str(state))
     result = plan(nodes, pods, planner=planner, time_limit=time_limit)
     for node in nodes:  # reported, not fatal: the rest of the cluster is still planned

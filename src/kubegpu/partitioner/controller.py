@@ -11,174 +11,37 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from kubegpu.errors import KubegpuError, NotFoundError
-from kubegpu.gpu.catalog import get_model
+from kubegpu.errors import KubegpuError
 from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.batching import Batcher
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitionagent import annotations as ann
-from kubegpu.partitionagent.annotations import node_mode
-from kubegpu.partitioner.planner import (
-    DEFAULT_PLANNER,
-    DEFAULT_TIME_LIMIT_S,
-    CurrentInstance,
-    GpuInput,
-    Mode,
-    MpsSlice,
-    NodeInput,
-    Plan,
-    Planner,
-    is_partition_resource,
+from kubegpu.partitioner.facts import (
+    Key,
+    NodeFacts,
+    ObjectIndex,
+    PodFacts,
+    VersionMemo,
+    could_help,
+    in_flight,
+    node_input,
+    pod_facts,
+    reported_gpus,
 )
+from kubegpu.partitioner.planner import DEFAULT_PLANNER, DEFAULT_TIME_LIMIT_S, NodeInput, Plan, Planner
 from kubegpu.partitioner.snapshot import optimality_line
-from kubegpu.scheduling import is_finished, is_scheduling_gated, pod_key, pod_requests
+from kubegpu.scheduling import pod_key
+
+__all__ = ["COMPONENT", "LEASE_NAME", "NodeFacts", "PartitionerController", "PodFacts", "TickResult", "VersionMemo",
+           "could_help", "in_flight", "node_input", "reported_gpus"]
 
 log = logging.getLogger("kubegpu.partitioner")
-T = TypeVar("T")
 COMPONENT = "kubegpu-partitioner"
 LEASE_NAME = "kubegpu-partitioner"
-
-
-# --- pods and nodes -------------------------------------------------------------------------------------------
-
-
-def could_help(pod: Mapping[str, Any]) -> bool:
-    """A pending, unbound pod asking for a MIG or MPS slice, not owned by a DaemonSet, not nominated anywhere."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    if spec.get("nodeName") or status.get("nominatedNodeName"):
-        return False
-    if (status.get("phase") or "Pending") != "Pending" or is_scheduling_gated(pod):
-        return False
-    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
-    if any(o.get("kind") == "DaemonSet" for o in owners):
-        return False
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
-            return False
-    try:
-        return any(is_partition_resource(r) for r in pod_requests(pod))
-    except KubegpuError:
-        return False
-
-
-def in_flight(node: Mapping[str, Any]) -> bool:
-    """The node has been given a plan its agent has not reported yet."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    spec = annotations.get(ann.SPEC_PLAN)
-    return spec is not None and annotations.get(ann.STATUS_PLAN) != spec
-
-
-def node_input(node: dict[str, Any], pods: Iterable[dict[str, Any]]) -> tuple[NodeInput | None, list[str]]:
-    """The planner's view of a node, rebuilt from the agent's status annotations (None until it has reported)."""
-    mode = node_mode(node)
-    if mode is None:
-        return None, []
-    gpus, errors = reported_gpus(node, mode)
-    if not gpus:
-        return None, errors
-    return NodeInput(name=node["metadata"]["name"], mode=mode, node=node, gpus=gpus, pods=tuple(pods)), errors
-
-
-def reported_gpus(node: Mapping[str, Any], mode: str) -> tuple[tuple[GpuInput, ...], list[str]]:
-    """The GPUs the agent reported in the node's status annotations, and the lines it could not read."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    reported, errors = ann.parse_status(annotations, mode)
-    gpus = []
-    for gpu in reported:
-        try:
-            model = get_model(gpu.model_key)
-        except NotFoundError:
-            model = None
-        gpus.append(GpuInput(
-            index=gpu.index, model_key=gpu.model_key, model=model,
-            instances=tuple(CurrentInstance(i.profile_id, i.start, used) for i, used in gpu.instances),
-            slices=tuple(MpsSlice(gb, used) for gb, used in gpu.slices),
-        ))
-    return tuple(gpus), errors
-
-
-class VersionMemo(Generic[T]):
-    """What a pass derives from each object, kept until the object's resourceVersion changes.
-
-    Every pass re-reads every Node and Pod; between two passes (5 s) only a few change, so deriving each one's facts
-    (is the pod one a re-cut could help, where is it bound; what did the node's agent report) once per version
-    saves the controller most of its work at fleet scale. Objects are told apart by uid (by namespace and name
-    without one); an object without a resourceVersion (hand-built in a test) is derived afresh each time."""
-
-    def __init__(self, derive: Callable[[dict[str, Any]], T]) -> None:
-        self._derive = derive
-        self._seen: dict[Any, tuple[str, T]] = {}
-        self._same: dict[int, tuple[dict[str, Any], T]] = {}  # id → the very object last seen, and its facts
-
-    def of(self, objects: list[dict[str, Any]]) -> list[T]:
-        """Each object's facts, in order; what the memo keeps is exactly these objects' (the rest are gone).
-
-        An informer that hands out its cached objects without copying (`InformedCluster(copy=False)`) gives the
-        very same dict again until the object changes: that is recognised first, by identity, at the cost of one
-        lookup; a copy is recognised by its uid and resourceVersion."""
-        seen, same, derive = self._seen, self._same, self._derive
-        kept: dict[Any, tuple[str, T]] = {}
-        kept_same: dict[int, tuple[dict[str, Any], T]] = {}
-        out = []
-        for obj in objects:
-            hit = same.get(id(obj))
-            if hit is not None and hit[0] is obj:
-                kept_same[id(obj)] = hit
-                out.append(hit[1])
-                continue
-            meta = obj.get("metadata") or {}
-            version = meta.get("resourceVersion")
-            if version is None:
-                out.append(derive(obj))
-                continue
-            key = meta.get("uid") or (meta.get("namespace"), meta.get("name"))
-            found = seen.get(key)
-            if found is None or found[0] != version:
-                found = (version, derive(obj))
-            kept[key] = found
-            kept_same[id(obj)] = (obj, found[1])
-            out.append(found[1])
-        self._seen, self._same = kept, kept_same
-        return out
-
-
-@dataclass(frozen=True)
-class PodFacts:
-    """What a pass needs of a pod: its key, whether a re-cut could help it, and the node it holds resources on."""
-
-    key: str
-    helps: bool
-    bound_to: str | None  # its node while it is bound and not finished
-
-
-def pod_facts(pod: dict[str, Any]) -> PodFacts:
-    where = (pod.get("spec") or {}).get("nodeName")
-    return PodFacts(pod_key(pod), could_help(pod), where if where and not is_finished(pod) else None)
-
-
-class NodeFacts:
-    """What a pass needs of a node: how it opted in, a bad opt-in label, a plan in flight, and (read only when a
-    plan is made, then kept) the agent's report."""
-
-    def __init__(self, node: dict[str, Any]) -> None:
-        self.node = node
-        self.mode: Mode | None = node_mode(node)
-        value = ((node.get("metadata") or {}).get("labels") or {}).get(ann.PARTITIONING_LABEL)
-        self.bad_label = (f"label {ann.PARTITIONING_LABEL}: must be mig or mps, not {value!r}; node left alone"
-                          if value is not None and self.mode is None else None)
-        self.in_flight = in_flight(node)
-        self._report: tuple[tuple[GpuInput, ...], list[str]] | None = None
-
-    def report(self) -> tuple[tuple[GpuInput, ...], list[str]]:
-        """The GPUs the agent reported and the lines it could not read (`reported_gpus`)."""
-        if self._report is None:
-            self._report = reported_gpus(self.node, self.mode) if self.mode is not None else ((), [])
-        return self._report
 
 
 # --- the controller -------------------------------------------------------------------------------------------
@@ -212,8 +75,13 @@ class PartitionerController:
     _last_plan_id: int = 0
     _serving: dict[str, str] = field(default_factory=dict)  # pod key → node whose in-flight plan serves it
     _reported: set[tuple[str, str]] = field(default_factory=set)  # (object, reason) already turned into an Event
-    _pod_facts: VersionMemo[PodFacts] = field(default_factory=lambda: VersionMemo(pod_facts))
-    _node_facts: VersionMemo[NodeFacts] = field(default_factory=lambda: VersionMemo(NodeFacts))
+    _pods: ObjectIndex[PodFacts] = field(default_factory=lambda: ObjectIndex("Pod", pod_facts))
+    _nodes: ObjectIndex[NodeFacts] = field(default_factory=lambda: ObjectIndex("Node", NodeFacts))
+    # kept from the two indexes, change by change: what a pass reads without looking at every object
+    _opted_in: dict[Key, tuple[dict[str, Any], NodeFacts]] = field(default_factory=dict)
+    _bad_labels: dict[Key, tuple[dict[str, Any], str]] = field(default_factory=dict)
+    _helping: dict[Key, tuple[dict[str, Any], PodFacts]] = field(default_factory=dict)  # pods a re-cut could help
+    _bound: dict[str, dict[Key, dict[str, Any]]] = field(default_factory=dict)  # node → pods bound there
 
     def __post_init__(self) -> None:
         self._planner = Planner(self.planner, self.time_limit)
@@ -227,24 +95,68 @@ class PartitionerController:
         if not self.elector.try_acquire(now):
             self.batcher.reset()
             return TickResult(leader=False)
-        all_nodes = self.cluster.list("Node")
-        nodes = []
-        for node, facts in zip(all_nodes, self._node_facts.of(all_nodes), strict=True):
-            if facts.mode is not None:
-                nodes.append((node, facts))
-            elif facts.bad_label is not None:  # a typo would otherwise leave the node silently out
-                self._event_once(node, "PartitioningSkipped", facts.bad_label)
-        all_pods = self.cluster.list("Pod")
-        pods = list(zip(all_pods, self._pod_facts.of(all_pods), strict=True))
-        self._forget_served(nodes)
-        pending = [(pod, facts) for pod, facts in pods if facts.helps and facts.key not in self._serving]
-        pending_keys = {facts.key for _, facts in pending}
+        self._read_nodes()
+        self._read_pods()
+        for key in sorted(self._bad_labels):  # a typo would otherwise leave the node silently out
+            node, message = self._bad_labels[key]
+            self._event_once(node, "PartitioningSkipped", message)
+        self._forget_served()
+        pending_keys = {facts.key for _, facts in self._helping.values()} - self._serving.keys()
         self.batcher.discard(self.batcher.items - pending_keys)
-        self.batcher.add(sorted(pending_keys), now)
+        self.batcher.add(pending_keys, now)
         if not self.batcher.ready(now):
             return TickResult(leader=True)
         self.batcher.reset()
-        return self._plan_and_write(now, nodes, pods, pending)
+        return self._plan_and_write(now)
+
+    def _read_nodes(self) -> None:
+        """Bring the opted-in nodes (and those with a bad opt-in label) up to date with the cluster."""
+        changed = self._nodes.refresh(self.cluster)
+        items = self._nodes.items
+        if changed is None:
+            self._opted_in, self._bad_labels = {}, {}
+            keys: Any = sorted(items)
+        else:
+            keys = [key for key, _ in changed]
+        for key in keys:
+            self._opted_in.pop(key, None)
+            self._bad_labels.pop(key, None)
+            entry = items.get(key)
+            if entry is None:
+                continue
+            node, facts = entry
+            if facts.mode is not None:
+                self._opted_in[key] = entry
+            elif facts.bad_label is not None:
+                self._bad_labels[key] = (node, facts.bad_label)
+
+    def _read_pods(self) -> None:
+        """Bring the pods a re-cut could help, and each node's bound pods, up to date with the cluster."""
+        changed = self._pods.refresh(self.cluster)
+        items = self._pods.items
+        if changed is None:
+            self._helping, self._bound = {}, {}
+            updates: Any = [(key, None) for key in items]
+        else:
+            updates = changed
+        helping, bound = self._helping, self._bound
+        for key, before in updates:
+            if before is not None:
+                helping.pop(key, None)
+                if before.bound_to is not None:
+                    on_node = bound.get(before.bound_to)
+                    if on_node is not None:
+                        on_node.pop(key, None)
+                        if not on_node:
+                            del bound[before.bound_to]
+            entry = items.get(key)
+            if entry is None:
+                continue
+            pod, facts = entry
+            if facts.helps:
+                helping[key] = entry
+            if facts.bound_to is not None:
+                bound.setdefault(facts.bound_to, {})[key] = pod
 
     def next_deadline(self) -> float | None:
         return self.batcher.deadline()
@@ -255,20 +167,16 @@ class PartitionerController:
     # simulator, where pods can stay unservable for simulated hours and a window closes every few seconds; a real
     # cluster keeps it off, so every window counts in kubegpu_partitioner_plans_total.
 
-    def _forget_served(self, nodes: list[tuple[dict[str, Any], NodeFacts]]) -> None:
+    def _forget_served(self) -> None:
         if self._serving:
-            busy = {node["metadata"]["name"] for node, facts in nodes if facts.in_flight}
+            busy = {node["metadata"]["name"] for node, facts in self._opted_in.values() if facts.in_flight}
             self._serving = {k: v for k, v in self._serving.items() if v in busy}
 
-    def _plan_and_write(self, now: float, nodes: list[tuple[dict[str, Any], NodeFacts]],
-                        pods: list[tuple[dict[str, Any], PodFacts]],
-                        pending_facts: list[tuple[dict[str, Any], PodFacts]]) -> TickResult:
-        bound: dict[str, list[dict[str, Any]]] = {}
-        for pod, facts in pods:
-            if facts.bound_to is not None:
-                bound.setdefault(facts.bound_to, []).append(pod)
+    def _plan_and_write(self, now: float) -> TickResult:
+        """Plan for the pods waiting (in namespace/name order, as listed) on the nodes not in flight (by name)."""
+        bound = self._bound
         inputs = []
-        for node, node_seen in sorted(nodes, key=lambda n: n[0]["metadata"]["name"]):
+        for node, node_seen in sorted(self._opted_in.values(), key=lambda n: n[0]["metadata"]["name"]):
             if node_seen.in_flight or node_seen.mode is None:
                 continue
             gpus, errors = node_seen.report()
@@ -276,8 +184,11 @@ class PartitionerController:
                 self._event_once(node, "PartitioningStatusInvalid", error)
             if gpus:
                 name = node["metadata"]["name"]
+                on_node = bound.get(name, {})
                 inputs.append(NodeInput(name=name, mode=node_seen.mode, node=node, gpus=gpus,
-                                        pods=tuple(bound.get(name, ()))))
+                                        pods=tuple(on_node[key] for key in sorted(on_node))))
+        pending_facts = [self._helping[key] for key in sorted(self._helping)
+                         if self._helping[key][1].key not in self._serving]
         pending = [pod for pod, _ in pending_facts]
         signature = (tuple(facts.key for _, facts in pending_facts), tuple(inputs))
         if self.skip_futile_plans and signature == self._futile:

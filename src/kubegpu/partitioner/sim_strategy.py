@@ -94,7 +94,8 @@ class _Dynamic(BaseStrategy):
         self.controller: PartitionerController | None = None
         self.applying: dict[str, tuple[float, str]] = {}  # node → (when its new layout is in place, plan id)
         self.handled: dict[str, str] = {}  # node → the last plan id its agent reported
-        self._status: dict[str, tuple[NodeView, tuple[str | None, int], dict[str, str]]] = {}  # node → last report
+        # node → its last report: the view, the plan handled, the agent's own state, each GPU's annotations
+        self._status: dict[str, tuple[NodeView, str | None, int, list[dict[str, str]]]] = {}
         self._gpu_status: dict[tuple[str, ann.ReportedGpu], dict[str, str]] = {}  # one GPU's part of a report
         self._gpu_same: dict[int, tuple[ann.ReportedGpu, dict[str, str]]] = {}  # the same, by the object's id
         self.plans = 0
@@ -112,14 +113,23 @@ class _Dynamic(BaseStrategy):
     def on_tick(self, sim: SimControl) -> None:
         assert self.controller is not None
         now = sim.clock.now()
-        views = {view.name: view for view in sim.nodes() if view.ready and self.partitioned(view)}
-        for view in views.values():
-            applying = self.applying.get(view.name)
-            if applying is not None and applying[0] > now:
-                continue  # the agent is still applying: its node stays in flight
-            if applying is not None:
-                del self.applying[view.name]
-                self.handled[view.name] = applying[1]
+        views = {}
+        applying, status, handled = self.applying, self._status, self.handled
+        for view in sim.nodes():
+            if not view.ready or not self.partitioned(view):
+                continue
+            name = view.name
+            views[name] = view
+            if applying:
+                started = applying.get(name)
+                if started is not None:
+                    if started[0] > now:
+                        continue  # the agent is still applying: its node stays in flight
+                    del applying[name]
+                    handled[name] = started[1]
+            last = status.get(name)
+            if last is not None and last[0] is view and not self.stateful and last[1] == handled.get(name):
+                continue  # nothing the report depends on changed (the same check as `report`'s, inlined)
             self.report(sim, view)
         result = self.controller.tick(now)
         self.plans += result.planned
@@ -128,17 +138,24 @@ class _Dynamic(BaseStrategy):
             self.apply(sim, views[name], now)
 
     def report(self, sim: SimControl, view: NodeView) -> None:
-        """The agent's report: what the node has, what running pods hold, and the last plan handled."""
+        """The agent's report: what the node has, what running pods hold, and the last plan handled.
+
+        Only what changed since the node's last report is written: a GPU whose part of the report is the very same
+        (`_gpu_part`) as last time is skipped, so a pod starting on one GPU costs that GPU's few annotations."""
         plan_id = self.handled.get(view.name)
-        basis = (plan_id, self.agent_state(view))
+        state = self.agent_state(view)
         last = self._status.get(view.name)
-        if last is not None and last[0] is view and last[1] == basis:
+        if last is not None and last[0] is view and last[1] == plan_id and last[2] == state:
             return  # nothing changed since the last report (views are cached until their node changes)
-        status = ann.status_annotations(self.mode, self.reported_gpus(view), plan_id, self._gpu_part)
-        patch = ann.replace_family(last[2] if last is not None else {}, status, "status")
+        parts = [self._gpu_part(self.mode, gpu) for gpu in self.reported_gpus(view)]
+        if last is not None and len(last[3]) == len(parts):
+            patch = _changed_annotations(last[1], last[3], plan_id, parts)
+        else:
+            before = _status(last[1], last[3]) if last is not None else {}
+            patch = ann.replace_family(before, _status(plan_id, parts), "status")
         if patch:
             write_patch(sim.cluster, "Node", view.name, {"metadata": {"annotations": patch}})
-        self._status[view.name] = (view, basis, status)
+        self._status[view.name] = (view, plan_id, state, parts)
 
     def _gpu_part(self, mode: str, gpu: ann.ReportedGpu) -> dict[str, str]:
         """A GPU's status annotations, remembered: most GPUs report the same instances pass after pass (and
@@ -178,6 +195,7 @@ class _Dynamic(BaseStrategy):
     def partitioned(self, view: NodeView) -> bool:
         return True
 
+    stateful = False  # whether `agent_state` can change while a node's view does not
     def agent_state(self, view: NodeView) -> int:
         """What the report depends on beyond the node's view: a version of the state the agent itself keeps."""
         return 0
@@ -188,6 +206,31 @@ class _Dynamic(BaseStrategy):
     def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
         """Apply the node's desired layout; the number of GPUs changed (InstanceInUseError: refused, none)."""
         raise NotImplementedError
+
+
+def _status(plan_id: str | None, parts: Sequence[dict[str, str]]) -> dict[str, str]:
+    """A whole report's annotations (`ann.status_annotations` from each GPU's part)."""
+    out = {ann.STATUS_PLAN: plan_id} if plan_id is not None else {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def _changed_annotations(old_plan: str | None, old_parts: Sequence[dict[str, str]], plan_id: str | None,
+                         parts: Sequence[dict[str, str]]) -> dict[str, str | None]:
+    """`ann.replace_family(_status(old...), _status(new...), "status")`, key for key and in the same order, looking
+    only at the GPUs whose part is not the very same object as before (the parts of one GPU, same index)."""
+    patch: dict[str, str | None] = {}
+    if old_plan is not None and plan_id is None:
+        patch[ann.STATUS_PLAN] = None
+    changed = [(old, new) for old, new in zip(old_parts, parts, strict=True) if old is not new]
+    for old, new in changed:
+        patch.update((key, None) for key in old if key not in new)
+    if plan_id is not None and plan_id != old_plan:
+        patch[ann.STATUS_PLAN] = plan_id
+    for old, new in changed:
+        patch.update((key, value) for key, value in new.items() if old.get(key) != value)
+    return patch
 
 
 def _label(mode: Mode) -> dict[str, str]:
@@ -278,6 +321,8 @@ class DynamicMps(_Dynamic):
         if self.largest_gb and size > self.largest_gb:
             size = self.largest_gb
         return GpuRequest(mps_slice_resource_name(size), job.gpus)
+
+    stateful = True  # its slices change (`versions`) before the engine's view of the node does
 
     def agent_state(self, view: NodeView) -> int:
         return self.versions.get(view.name, 0)

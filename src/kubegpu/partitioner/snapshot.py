@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubegpu.errors import ConfigError, NotFoundError
 from kubegpu.files import load_data_file
-from kubegpu.gpu.catalog import GpuModel, get_model
+from kubegpu.gpu.catalog import GpuModel, MigProfile, get_model
 from kubegpu.gpu.geometry import PlacedInstance, format_layout, layout_errors
 from kubegpu.partitioner.planner import CurrentInstance, GpuInput, MpsSlice, NodeInput, Plan, pod_key, pod_priority
 from kubegpu.scheduling import parse_quantities
@@ -90,7 +90,8 @@ def planner_inputs(state: ClusterState, source: str = "state") -> tuple[list[Nod
     _check_unique([f"{p.namespace}/{p.name}" for p in state.pods], f"{source}: pods", "pod")
     for i, pod in enumerate(state.pods):
         _check_requests(pod, f"{source}: pods[{i}].requests")
-    nodes = [_node_input(n, f"{source}: nodes[{i}]") for i, n in enumerate(state.nodes)]
+    seen: dict[tuple[Any, ...], Any] = {}  # profiles and layout checks, once per distinct one in the file
+    nodes = [_node_input(n, f"{source}: nodes[{i}]", seen) for i, n in enumerate(state.nodes)]
     return nodes, [pod_dict(p) for p in state.pods]
 
 
@@ -108,12 +109,12 @@ def _check_requests(pod: PodState, where: str) -> None:
     parse_quantities(pod.requests, where)
 
 
-def _node_input(node: NodeState, where: str) -> NodeInput:
+def _node_input(node: NodeState, where: str, seen: dict[tuple[Any, ...], Any]) -> NodeInput:
     mode_label = node.labels.get(PARTITIONING_LABEL, "mig")
     if mode_label not in ("mig", "mps"):
         raise ConfigError(f"{where}.labels.{PARTITIONING_LABEL}: must be mig or mps, not {mode_label!r}")
     mode: Literal["mig", "mps"] = "mps" if mode_label == "mps" else "mig"
-    gpus = tuple(_gpu_input(mode, i, g, f"{where}.gpus[{i}]") for i, g in enumerate(node.gpus))
+    gpus = tuple(_gpu_input(mode, i, g, f"{where}.gpus[{i}]", seen) for i, g in enumerate(node.gpus))
     status: dict[str, Any] = {}
     if node.allocatable is not None:
         status["allocatable"] = {k: str(v) for k, v in node.allocatable.items()}
@@ -122,11 +123,14 @@ def _node_input(node: NodeState, where: str) -> NodeInput:
     return NodeInput(name=node.name, mode=mode, node=obj, gpus=gpus)
 
 
-def _gpu_input(mode: str, index: int, gpu: GpuState, where: str) -> GpuInput:
-    try:
-        model: GpuModel | None = get_model(gpu.model)
-    except NotFoundError:
-        model = None
+def _gpu_input(mode: str, index: int, gpu: GpuState, where: str, seen: dict[tuple[Any, ...], Any]) -> GpuInput:
+    key = ("model", gpu.model)
+    if key not in seen:
+        try:
+            seen[key] = get_model(gpu.model)
+        except NotFoundError:
+            seen[key] = None
+    model: GpuModel | None = seen[key]
     if model is None:
         return GpuInput(index=index, model_key=gpu.model, model=None)
     if mode == "mps":
@@ -143,26 +147,56 @@ def _gpu_input(mode: str, index: int, gpu: GpuState, where: str) -> GpuInput:
         return GpuInput(index=index, model_key=model.key, model=model, slices=tuple(slices))
     instances = []
     for k, inst in enumerate(gpu.instances):
-        try:
-            profile = model.profile(inst.profile)
-        except NotFoundError:
+        profile = _profile(model, inst.profile, seen)
+        if profile is None:
             raise ConfigError(f"{where}.instances[{k}].profile: {model.key} has no MIG profile "
                               f"{inst.profile!r}") from None
         if inst.start is None:
             raise ConfigError(f"{where}.instances[{k}].start: required for a MIG instance")
         instances.append(CurrentInstance(profile.profile_id, inst.start, inst.used))
-    _check_layout(model, instances, where)
+    _check_layout(model, instances, where, seen)
     return GpuInput(index=index, model_key=model.key, model=model, instances=tuple(instances))
 
 
-def _check_layout(model: GpuModel, instances: list[CurrentInstance], where: str) -> None:
+def _profile(model: GpuModel, name: str, seen: dict[tuple[Any, ...], Any]) -> MigProfile | None:
+    """`model.profile(name)`, None when it has none; remembered in `seen` for the file being read (a fleet's file
+    names the same few profiles tens of thousands of times, and the catalog normalises every name it is asked)."""
+    key = ("profile", model.key, id(model), name)
+    if key not in seen:
+        try:
+            seen[key] = model.profile(name)
+        except NotFoundError:
+            seen[key] = None
+    found: MigProfile | None = seen[key]
+    return found
+
+
+def _layout_error(model: GpuModel, layout: tuple[tuple[int, int], ...], seen: dict[tuple[Any, ...], Any]
+                  ) -> tuple[int, str] | None:
+    """The first instance that makes `layout` illegal and why, None when it is legal; remembered in `seen` per
+    distinct layout (a fleet repeats them). Only an illegal layout is checked prefix by prefix, for the instance
+    to name."""
+    key = ("layout", model.key, id(model), layout)
+    if key not in seen:
+        seen[key] = None
+        if layout_errors(model, [PlacedInstance(p, s) for p, s in layout]):
+            for k in range(len(layout)):
+                problems = layout_errors(model, [PlacedInstance(p, s) for p, s in layout[:k + 1]])
+                if problems:
+                    seen[key] = (k, problems[0])
+                    break
+    found: tuple[int, str] | None = seen[key]
+    return found
+
+
+def _check_layout(model: GpuModel, instances: list[CurrentInstance], where: str,
+                  seen: dict[tuple[Any, ...], Any]) -> None:
     """A placement the GPU cannot have (bad start, overlap, MIG on a non-MIG model) makes the file invalid."""
     if instances and not model.mig_capable:
         raise ConfigError(f"{where}.instances: {model.key} does not support MIG")
-    for k in range(len(instances)):
-        problems = layout_errors(model, [PlacedInstance(i.profile_id, i.start) for i in instances[:k + 1]])
-        if problems:
-            raise ConfigError(f"{where}.instances[{k}].start: {problems[0]}")
+    problem = _layout_error(model, tuple((i.profile_id, i.start) for i in instances), seen)
+    if problem is not None:
+        raise ConfigError(f"{where}.instances[{problem[0]}].start: {problem[1]}")
 
 
 def pod_dict(pod: PodState) -> dict[str, Any]:
@@ -187,6 +221,7 @@ def plan_to_json(result: Plan, nodes: list[NodeInput], pods: list[dict[str, Any]
     """The `kubegpu plan -o json` document: layouts per node and GPU index, then who fits and who does not, and
     the objective against the planner's proven bound (`objective`)."""
     models = {g.model_key: g.model for n in nodes for g in n.gpus}
+    layouts: dict[tuple[str, tuple[PlacedInstance, ...]], tuple[list[dict[str, Any]], str]] = {}  # fleets repeat
     out_nodes = []
     for node in nodes:
         node_plan = result.nodes[node.name]
@@ -195,9 +230,13 @@ def plan_to_json(result: Plan, nodes: list[NodeInput], pods: list[dict[str, Any]
             model = models.get(gpu.model_key)
             entry: dict[str, Any] = {"index": gpu.index, "model": gpu.model_key}
             if node.mode == "mig" and model is not None:
-                entry["instances"] = [{"profile": model.profile(i.profile_id).name, "start": i.start}
-                                      for i in gpu.instances]
-                entry["layout"] = format_layout(model, list(gpu.instances))
+                shown = layouts.get((gpu.model_key, gpu.instances))
+                if shown is None:
+                    shown = layouts[(gpu.model_key, gpu.instances)] = (
+                        [{"profile": model.profile(i.profile_id).name, "start": i.start} for i in gpu.instances],
+                        format_layout(model, list(gpu.instances)))
+                entry["instances"] = [dict(i) for i in shown[0]]
+                entry["layout"] = shown[1]
             else:
                 entry["instances"] = [{"profile": f"{gb}gb"} for gb in gpu.slices]
             entry.update(created=gpu.created, destroyed=gpu.destroyed)

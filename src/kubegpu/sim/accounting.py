@@ -10,11 +10,11 @@ again until capacity of its resource is freed (what kube-scheduler's queueing hi
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubegpu.gpu.catalog import GpuModel
-from kubegpu.scheduling import NodeInfo, pod_requirements, select_node
+from kubegpu.scheduling import NodeInfo, PodRequirements, fits, pod_requirements, select_node
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
@@ -37,12 +37,18 @@ from kubegpu.sim.world import (
     SimNode,
     _partition_key,
     _unique,
+    write_create,
     write_patch,
 )
+
+_NO_FIT = -1.0  # below every score (0..100) and the starting best: never chosen
 
 
 class Accounting(SimCore):
     """The pod side of `Simulation` (and `SimControl.pending_pods`)."""
+
+    _scores: dict[tuple[tuple[Any, ...], GpuRequest], float]  # (node state, request) → score, or _NO_FIT
+    _scorer: Callable[[PodRequirements, NodeInfo], float]
 
     def _freed(self, resource: str) -> None:
         self._capacity_version[resource] = self._capacity_version.get(resource, 0) + 1
@@ -60,7 +66,7 @@ class Accounting(SimCore):
         else:
             heapq.heappush(self._queues.setdefault(request, []), (run.sort_key(), run))
         self.metrics.queued(run)
-        self.cluster.create(pod)
+        write_create(self.cluster, pod)
         self._dirty = True
 
     def _pending_count(self) -> int:
@@ -110,8 +116,33 @@ class Accounting(SimCore):
                 representatives.setdefault(node.state_key(), node.info)
         if not representatives:
             return None
-        chosen = select_node(run.need, representatives.values(), self.scoring)
+        need = run.need
+        if need.node_name is not None or need.node_selector or need.affinity_terms is not None or need.tolerations:
+            chosen = select_node(need, representatives.values(), self.scoring)
+        else:
+            chosen = self._best(run.request, need, representatives)
         return None if chosen is None else self._nodes[chosen.name]
+
+    def _best(self, request: GpuRequest, need: PodRequirements,
+              representatives: dict[tuple[Any, ...], NodeInfo]) -> NodeInfo | None:
+        """`select_node` for a pod that names no node, selector, affinity or toleration: whether it fits and its
+        score then depend only on the node's state key (its group's labels and taints, allocatable and requested)
+        and the pod's requests, so each is computed once per (state, request) and remembered: a scheduling pass
+        binds pod after pod of one shape and changes one node each time."""
+        scores = self._scores
+        if len(scores) > 200_000:
+            scores.clear()
+        scorer = self._scorer
+        best: NodeInfo | None = None
+        best_score = _NO_FIT
+        for key, info in representatives.items():
+            memo = (key, request)
+            score = scores.get(memo)
+            if score is None:
+                score = scores[memo] = scorer(need, info) if fits(need, info).ok else _NO_FIT
+            if score > best_score:
+                best, best_score = info, score
+        return best
 
     def _bind(self, run: Attempt, node: SimNode) -> None:
         now = self.clock.now()
@@ -130,6 +161,7 @@ class Accounting(SimCore):
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
         for part in run.parts:
             part.residents.append(run)
+        node.hold(run)
         if getattr(self.strategy, "memory_shared", False):
             refresh_shares(self.strategy, run)
         self.metrics.started(run, now)
@@ -216,6 +248,7 @@ class Accounting(SimCore):
             self._teams.stopped(run)
         node.info.remove_pod(run.pod, run.requests)
         node.running.remove(run)
+        node.release(run)
         node.touch()
         for part in run.parts:
             part.residents.remove(run)

@@ -21,6 +21,7 @@ from kubegpu.clock import VirtualClock
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import get_model
 from kubegpu.kube.memory import MemoryCluster
+from kubegpu.scheduling import SCORERS
 from kubegpu.sim.accounting import Accounting
 from kubegpu.sim.effects import ClusterEffects
 from kubegpu.sim.metrics import Collector, StrategyResult
@@ -80,6 +81,10 @@ class Simulation(ClusterEffects, Accounting):
         self._queues: dict[GpuRequest, list[tuple[tuple[int, float, int], Attempt]]] = {}
         self._capacity_version: dict[str, int] = {}
         self._failed_at: dict[GpuRequest, int] = {}
+        if self.scoring not in SCORERS:
+            raise ConfigError(f"scoring policy {self.scoring!r} is not one of {', '.join(sorted(SCORERS))}")
+        self._scorer = SCORERS[self.scoring]
+        self._scores = {}
         self._dirty = False
         self.metrics = Collector(strategy.name, self.duration)
         if getattr(strategy, "team_admission", None) is not None and not scenario.teams:

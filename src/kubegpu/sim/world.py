@@ -123,6 +123,10 @@ class SimNode:
     rejects_multiple_shared: bool = False  # the plugin's failRequestsGreaterThanOne (MPS default)
     _key: tuple[Any, ...] | None = None
     _view: NodeView | None = None
+    # what running pods hold, kept as they start and end (`hold`, `release`) so a view need not walk them all
+    _busy: dict[int, int] = field(default_factory=dict)  # GPU index → partitions of it held (a pod counts once each)
+    _held_mig: dict[str, int] = field(default_factory=dict)  # MIG UUID → devices of it held
+    _held_mps: dict[str, int] = field(default_factory=dict)  # MPS slice device ID → pods holding it
 
     @property
     def gpus(self) -> list[GpuDevice]:
@@ -144,6 +148,18 @@ class SimNode:
     def touch(self) -> None:
         self._key = None
         self._view = None
+
+    def hold(self, run: Attempt) -> None:
+        """Count what a pod that starts here holds (its partitions and devices are set)."""
+        _count(self._busy, [part.gpu_index for part in run.parts], 1)
+        _count(self._held_mig, [d.mig.uuid for d in run.devices if d.mig is not None], 1)
+        _count(self._held_mps, [d.id for d in run.devices if _MPS_SLICE in d.id], 1)
+
+    def release(self, run: Attempt) -> None:
+        """Uncount what a pod that ends here held."""
+        _count(self._busy, [part.gpu_index for part in run.parts], -1)
+        _count(self._held_mig, [d.mig.uuid for d in run.devices if d.mig is not None], -1)
+        _count(self._held_mps, [d.id for d in run.devices if _MPS_SLICE in d.id], -1)
 
     def view(self) -> NodeView:
         """What controllers see; cached until the node changes (controllers ask every tick, nodes change less)."""
@@ -196,6 +212,14 @@ def write_patch(cluster: Any, kind: str, name: str, patch: dict[str, Any], names
         cluster.patch(kind, name, patch, namespace=namespace, subresource=subresource)
 
 
+def write_create(cluster: Any, obj: dict[str, Any]) -> None:
+    """A create whose result the simulator does not read (`MemoryCluster.add`: no copy handed back)."""
+    if isinstance(cluster, MemoryCluster):
+        cluster.add(obj)
+    else:
+        cluster.create(obj)
+
+
 def _partition_key(device: AnnotatedDevice) -> str:
     return device.mig.uuid if device.mig is not None else device.gpu_uuid
 
@@ -211,23 +235,22 @@ def _partition(model: GpuModel, gpus: Sequence[GpuDevice], device: AnnotatedDevi
 _MPS_SLICE = f"{REPLICA_SEPARATOR}mps-"  # in the device ID of every MPS memory slice
 
 
+def _count(counts: dict[Any, int], keys: Sequence[Any], step: int) -> None:
+    for key in keys:
+        left = counts.get(key, 0) + step
+        if left:
+            counts[key] = left
+        else:
+            del counts[key]
+
+
 def _view(node: SimNode) -> NodeView:
-    busy: set[int] = set()
-    held_mig: set[str] = set()
-    held_mps: set[str] = set()
-    for run in node.running:  # one pass: a view is rebuilt each time a pod starts or ends on the node
-        busy.update(part.gpu_index for part in run.parts)
-        for d in run.devices:
-            if d.mig is not None:
-                held_mig.add(d.mig.uuid)
-            if _MPS_SLICE in d.id:
-                held_mps.add(d.id)
     return NodeView(
         name=node.name, group=node.group.name, model=node.model, gpus=tuple(node.gpus),
         mig={i: tuple(d) for i, d in node.mig.items()}, allocatable=dict(node.allocatable),
-        free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=frozenset(busy),
+        free={name: len(devices) for name, devices in node.free.items()}, busy_gpus=frozenset(node._busy),
         reconfiguring=frozenset(node.reconfiguring | set(node.mig_pending) | set(node.mps_pending)), ready=node.ready,
-        held_mig=frozenset(held_mig), held_mps=frozenset(held_mps),
+        held_mig=frozenset(node._held_mig), held_mps=frozenset(node._held_mps),
     )
 
 

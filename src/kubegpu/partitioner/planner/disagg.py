@@ -30,10 +30,16 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
     free: dict[str, Counter[str]] = {name: Counter() for name in problem.states}  # instances the plans offer pods
     taken = np.rint(np.asarray(values, dtype=np.float64)).astype(np.int64)
     keys = {(name, g.index): g.model_key for name, state in problem.states.items() for g in state.node.gpus}
-    for mig in model.mig:
+    # the options taken, class by class (a class's columns are one range, the classes' ranges in order)
+    firsts = np.array([mig.columns.start for mig in model.mig], dtype=np.int64)
+    picked = np.flatnonzero(taken[:model.mig[-1].columns.stop] if model.mig else taken[:0])
+    owner = np.searchsorted(firsts, picked, side="right") - 1
+    bounds = np.searchsorted(owner, np.arange(len(model.mig) + 1)).tolist()
+    picked_at = (picked - firsts[owner]).tolist() if len(picked) else []
+    for c, mig in enumerate(model.mig):
         options = mig.options
         counts = taken[mig.columns.start:mig.columns.stop]
-        chosen = np.flatnonzero(counts).tolist()
+        chosen = picked_at[bounds[c]:bounds[c + 1]]
         if len(chosen) > 1:
             chosen.sort(key=lambda k: (int(options.churn[k]), int(options.frag[k]), options.free[k].tolist()))
         gpus = iter(sorted(mig.node_gpus))

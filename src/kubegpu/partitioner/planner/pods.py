@@ -6,7 +6,6 @@ Shared by both planners so they reject the same pods with the same reasons, and 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -103,8 +102,8 @@ def eligible_nodes(pod: dict[str, Any], units: tuple[str, ...], nodes: Mapping[s
     pod (GPU capacity aside), sorted; memoised in `cache` per distinct set of node constraints."""
     spec = pod.get("spec") or {}
     mode = "mps" if mps_size(units[0]) is not None else "mig"
-    signature = json.dumps([mode, spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")],
-                           sort_keys=True, default=str)
+    # repr, not a canonical form: equal constraints written in another key order only miss the cache
+    signature = repr((mode, spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
     if signature not in cache:
         probe = {**pod, "spec": {k: v for k, v in spec.items() if k not in ("containers", "initContainers",
                                                                             "overhead")}}
