@@ -215,9 +215,11 @@ class _Advertised:
 
 def _advertised(gpus: Sequence[GpuDevice], mig: Mapping[int, Sequence[MigDevice]], data: dict[str, Any]) -> _Advertised:
     unshared = devices_by_resource(gpus, mig, {**data, "sharing": {}})
+    # without an active sharing block the advertised devices are the unshared ones: one computation, not two
+    shared = unshared if sharing_spec(data).strategy == SharingKind.WHOLE else devices_by_resource(gpus, mig, data)
     base = {d.physical_id: resource for resource, devices in unshared.items() for d in devices}
     groups: dict[str, list[AnnotatedDevice]] = {}
-    for devices in devices_by_resource(gpus, mig, data).values():
+    for devices in shared.values():
         for device in devices:
             groups.setdefault(base.get(device.physical_id, device.resource), []).append(device)
     return _Advertised(groups, base)

@@ -18,8 +18,9 @@ Rules (NVIDIA's, plus the parts NVIDIA switches off):
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.config import deviceplugin as config_rules
@@ -85,6 +86,11 @@ class _Unit:
     @property
     def memory_mib(self) -> int:
         return int(self.mig.memory_mib if self.mig is not None else self.gpu.memory_mib)
+
+    @cached_property
+    def plain(self) -> AnnotatedDevice:
+        """The unit advertised as itself (unshared); kept with the unit, which is reused while its GPU is the same."""
+        return _device(self, self.resource, self.physical_id)
 
 
 # ---------------------------------------------------------------------------------------------- config access
@@ -211,17 +217,60 @@ def _gpu_units(gpus: Sequence[Any], mig: Mapping[int, Sequence[Any]], config: Ma
     units: list[_Unit] = []
     if strategy == "single":
         _check_single(gpus, mig)
+    rules = (strategy, by_index, tuple((p.pattern, n) for p, n in gpu_rules),
+             tuple((p.pattern, n) for p, n in mig_rules))
     for gpu in sorted(gpus, key=lambda g: g.index):
-        if gpu.mig_enabled and strategy != "none":
-            for position, device in enumerate(mig.get(gpu.index, ())):
-                default = GPU_RESOURCE if strategy == "single" else mig_resource_name(device.profile_name)
-                name = _first_match(mig_rules, device.profile_name) or default
-                physical = f"{gpu.index}:{position}" if by_index else device.uuid
-                units.append(_Unit(gpu, device, position, name, physical))
-            continue
-        name = _first_match(gpu_rules, gpu.product_name) or GPU_RESOURCE
-        units.append(_Unit(gpu, None, -1, name, str(gpu.index) if by_index else gpu.uuid))
+        devices = mig.get(gpu.index, ()) if gpu.mig_enabled and strategy != "none" else None
+        key = _units_key(rules, gpu, devices)
+        cached = _UNITS.get(key) if key is not None else None
+        if cached is None:
+            cached = _units_of(gpu, devices, strategy, by_index, gpu_rules, mig_rules)
+            if key is not None:
+                if len(_UNITS) >= _UNITS_MAX:
+                    _UNITS.clear()
+                _UNITS[key] = cached
+        units.extend(cached)
     return units
+
+
+def _units_of(gpu: Any, devices: Sequence[Any] | None, strategy: str, by_index: bool,
+              gpu_rules: Sequence[tuple[re.Pattern[str], str]],
+              mig_rules: Sequence[tuple[re.Pattern[str], str]]) -> tuple[_Unit, ...]:
+    """One GPU's units: its MIG devices (`devices`, when they are listed), else the whole GPU."""
+    if devices is not None:
+        units = []
+        for position, device in enumerate(devices):
+            default = GPU_RESOURCE if strategy == "single" else mig_resource_name(device.profile_name)
+            name = _first_match(mig_rules, device.profile_name) or default
+            physical = f"{gpu.index}:{position}" if by_index else device.uuid
+            units.append(_Unit(gpu, device, position, name, physical))
+        return tuple(units)
+    name = _first_match(gpu_rules, gpu.product_name) or GPU_RESOURCE
+    return (_Unit(gpu, None, -1, name, str(gpu.index) if by_index else gpu.uuid),)
+
+
+# A GPU's units (and their unshared devices, `_Unit.plain`) by what they are made of — the very GPU and MIG device
+# objects (units hand them on, so the same objects must come back) and the value of every field: a node's inventory
+# is recomputed whenever one of its GPUs changes (a simulated MIG re-cut, a device plugin's health or config
+# change), and the other GPUs' units are then the same. A cached unit holds its objects, so their ids stay theirs.
+# Units and devices are immutable; bounded by clearing.
+_UNITS: dict[Hashable, tuple[_Unit, ...]] = {}
+_UNITS_MAX = 8192
+
+
+def _units_key(rules: Hashable, gpu: Any, devices: Sequence[Any] | None) -> Hashable | None:
+    """The GPU and its listed MIG devices, each by identity and every field, or None where one is not a plain object
+    with hashable fields (then nothing is cached)."""
+    try:
+        key = (rules, _fields(gpu), None if devices is None else tuple(_fields(d) for d in devices))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _fields(item: Any) -> tuple[Any, ...]:
+    return (id(item), tuple(vars(item).items()))
 
 
 def _check_single(gpus: Sequence[Any], mig: Mapping[int, Sequence[Any]]) -> None:
@@ -381,7 +430,7 @@ def devices_by_resource(
     out: dict[str, list[AnnotatedDevice]] = {}
     for unit in units:
         if id(unit) not in shared:
-            out.setdefault(unit.resource, []).append(_device(unit, unit.resource, unit.physical_id))
+            out.setdefault(unit.resource, []).append(unit.plain)
             continue
         target, replicas, memory_gb = replicated[id(unit)]
         mps = sharing.strategy == SharingKind.MPS

@@ -61,6 +61,10 @@ class DraDynamicMig(BaseStrategy):
         self._parsed: dict[str, tuple[object, list[ResourceSlice], dict[str, Placement]]] = {}
         self._allocator: tuple[tuple[int, ...], Allocator] | None = None
         self._last_failed: object = None
+        # node -> (its view, slices, placements, devices taken): what `_node_world` derived from that view
+        self._held: dict[str, tuple[NodeView, list[ResourceSlice], dict[str, Placement], frozenset[DeviceId]]] = {}
+        self._names: dict[tuple[str, int, int, int], str] = {}  # (model, GPU minor, profile id, start) -> device name
+        self._no_fit: dict[tuple[str, object], frozenset[DeviceId]] = {}  # (node, claim shape) -> node's in use then
 
     def node_setup(self, group: NodeGroup, model: GpuModel, gpus: Sequence[GpuDevice]) -> NodeSetup:
         config = {"version": "v1", "flags": {"migStrategy": "mixed"}}
@@ -103,39 +107,67 @@ class DraDynamicMig(BaseStrategy):
             self._allocate(sim, views, unmet)
         self._release(sim, views, Counter({r: n for r, n in supply.items() if n > 0}))
 
-    def _world(self, views: list[NodeView]) -> tuple[Allocator, dict[str, dict[str, Placement]], set[DeviceId]]:
-        """The scheduler's view: every node's slices (parsed once per MIG layout) and the devices in use."""
+    def _world(
+        self, views: list[NodeView],
+    ) -> tuple[Allocator, dict[str, dict[str, Placement]], set[DeviceId], dict[str, frozenset[DeviceId]]]:
+        """The scheduler's view: every node's slices (parsed once per node) and the devices in use, in all and per
+        node."""
         parsed: list[ResourceSlice] = []
         placements: dict[str, dict[str, Placement]] = {}
         in_use: set[DeviceId] = set()
+        per_node: dict[str, frozenset[DeviceId]] = {}
+        coming: dict[str, set[int]] = defaultdict(set)
+        for node, gpu_index in self._coming:
+            coming[node].add(gpu_index)
         for view in views:
-            gpus = tuple(gpu.uuid for gpu in view.gpus)
-            cached = self._parsed.get(view.name)
-            if cached is None or cached[0] != gpus:
-                # every instance here was made for a claim, so the offer never changes with the layout (only the
-                # live instances' uuid attribute would): slices are built and parsed once per node, and what is
-                # taken is told to the allocator as devices in use
-                inventory = NodeGpus("0.0.0", (12, 0), tuple(view.gpus), {})
-                offers = gpu_offers(inventory, dynamic_mig=True)
-                cached = (gpus, parse_all(build_slices(view.name, offers), "ResourceSlice", view.name),
-                          placements_by_name(offers))
-                self._parsed[view.name] = cached
-            parsed.extend(cached[1])
-            placements[view.name] = cached[2]
-            for gpu in view.gpus:
-                for mig in view.mig.get(gpu.index, ()):
-                    profile = view.model.profile_by_id()[mig.profile_id]
-                    in_use.add(DeviceId(DRIVER, view.name, mig_device_name(gpu, profile, mig.start)))
-                if gpu.index in view.reconfiguring or (view.name, gpu.index) in self._coming:
-                    # a GPU being reconfigured takes no new instance until it is done
-                    in_use.add(DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}"))
+            slices, offered, taken = self._node_world(view)
+            parsed.extend(slices)
+            placements[view.name] = offered
+            if view.name in coming:  # a GPU being reconfigured takes no new instance
+                taken = taken | {DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}") for gpu in view.gpus
+                                 if gpu.index in coming[view.name]}
+            per_node[view.name] = taken
+            in_use |= taken
         key = tuple(id(s) for s in parsed)
         if self._allocator is None or self._allocator[0] != key:
             self._allocator = (key, Allocator(parsed, self.classes))
-        return self._allocator[1], placements, in_use
+        return self._allocator[1], placements, in_use, per_node
+
+    def _node_world(self, view: NodeView) -> tuple[list[ResourceSlice], dict[str, Placement], frozenset[DeviceId]]:
+        """One node's parsed slices, its placements by device name and its devices in use as the view shows them:
+        every instance (created or being created: each was made for a claim) and every GPU being reconfigured.
+        Kept while the node's view is the same object (the engine rebuilds a view only when its node changes)."""
+        held = self._held.get(view.name)
+        if held is not None and held[0] is view:
+            return held[1], held[2], held[3]
+        gpus = tuple(gpu.uuid for gpu in view.gpus)
+        cached = self._parsed.get(view.name)
+        if cached is None or cached[0] != gpus:
+            # every instance here was made for a claim, so the offer never changes with the layout (only the live
+            # instances' uuid attribute would): slices are built and parsed once per node, and what is taken is
+            # told to the allocator as devices in use
+            inventory = NodeGpus("0.0.0", (12, 0), tuple(view.gpus), {})
+            offers = gpu_offers(inventory, dynamic_mig=True)
+            cached = (gpus, parse_all(build_slices(view.name, offers), "ResourceSlice", view.name),
+                      placements_by_name(offers))
+            self._parsed[view.name] = cached
+        taken: set[DeviceId] = set()
+        for gpu in view.gpus:
+            for mig in view.mig.get(gpu.index, ()):
+                key = (view.model.key, gpu.device_minor, mig.profile_id, mig.start)
+                name = self._names.get(key)
+                if name is None:
+                    profile = view.model.profile_by_id()[mig.profile_id]
+                    name = self._names[key] = mig_device_name(gpu, profile, mig.start)
+                taken.add(DeviceId(DRIVER, view.name, name))
+            if gpu.index in view.reconfiguring:
+                taken.add(DeviceId(DRIVER, view.name, f"gpu-{gpu.device_minor}"))
+        frozen = frozenset(taken)
+        self._held[view.name] = (view, cached[1], cached[2], frozen)
+        return cached[1], cached[2], frozen
 
     def _allocate(self, sim: SimControl, views: list[NodeView], unmet: list[tuple[str, int]]) -> None:
-        allocator, placements, in_use = self._world(views)
+        allocator, placements, in_use, per_node = self._world(views)
         attempt = (frozenset(in_use), tuple(sorted(unmet)))
         if attempt == self._last_failed:  # nothing freed, nothing new wanted: the same claims fail the same way
             return
@@ -149,23 +181,35 @@ class DraDynamicMig(BaseStrategy):
             claim = parse_claim({"metadata": {"name": f"pending-{index}", "namespace": "sim"}, "spec": {"devices": {
                 "requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "count": amount,
                                                          "selectors": [{"cel": {"expression": selector}}]}}]}}})
-            outcome = allocate_one(allocator, claim, in_use)
+            # first fit over the nodes in name order, as the scheduler; a node where this claim shape found no room
+            # is passed over while its devices in use are the same ones (the allocator's answer is a function of the
+            # node's slices, which are fixed, and of what is in use there)
+            shape = (selector, amount)
+            nodes = [n for n in allocator.nodes() if self._no_fit.get((n, shape)) != per_node.get(n)]
+            failed: set[tuple[str, object]] = set()
+            outcome = allocate_one(allocator, claim, in_use, nodes, failed=failed, shape=shape)
+            for node, _ in failed:
+                self._no_fit[(node, shape)] = frozenset(per_node.get(node, ()))
             if outcome.results is None or outcome.node is None:
                 self.claims_failed += 1
                 continue
             self.claims_allocated += 1
             for result in outcome.results:
                 in_use.add(result.id)
+                per_node[outcome.node] = per_node.get(outcome.node, frozenset()) | {result.id}
                 placement = placements[outcome.node][result.device]
                 assert placement.profile_id is not None and placement.start is not None
                 new[(outcome.node, placement.gpu_index)].append(
                     (resource, PlacedInstance(placement.profile_id, placement.start)))
+        by_node: dict[str, dict[int, list[PlacedInstance]]] = defaultdict(dict)
         for (node, gpu_index), instances in new.items():
             view = _view(views, node)
             assert view is not None
             current = [PlacedInstance(m.profile_id, m.start) for m in view.mig.get(gpu_index, ())]
-            sim.set_mig_layout(node, {gpu_index: current + [i for _, i in instances]})
+            by_node[node][gpu_index] = current + [i for _, i in instances]
             self._coming[(node, gpu_index)] = [r for r, _ in instances]
+        for node, layouts in by_node.items():  # one change per node: its GPUs' new instances appear together
+            sim.set_mig_layout(node, layouts)
 
     def _release(self, sim: SimControl, views: list[NodeView], surplus: Counter[str]) -> None:
         """Destroy instances no pod holds and no pending pod wants (the driver's unprepare).

@@ -17,7 +17,6 @@ from kubegpu.gpu.geometry import PlacedInstance, layout_errors
 from kubegpu.kube.errors import NotFound
 from kubegpu.scheduling import node_info
 from kubegpu.sharing.devices import (
-    allocatable,
     config_dict,
     devices_by_resource,
     sharing_spec,
@@ -79,9 +78,10 @@ class ClusterEffects(SimCore):
         pending = {device_id for ids in node.mps_pending.values() for device_id in ids}  # new slices, not yet up
         try:
             by_resource = devices_by_resource(gpus, mig, node.config, slices)
-            counts = allocatable(gpus, mig, node.config, slices, unhealthy=pending)
         except ConfigError as exc:
             raise ConfigError(f"strategy {self.strategy.name}: node {node.name}: {exc}") from None
+        # what `allocatable(..., unhealthy=pending)` counts, from the same lists (not computed a second time)
+        counts = {name: sum(1 for d in devices if d.id not in pending) for name, devices in by_resource.items()}
         if pending:
             by_resource = {name: [d for d in devices if d.id not in pending] for name, devices in by_resource.items()}
         node.rejects_multiple_shared = sharing_spec(config_dict(node.config)).fail_requests_greater_than_one

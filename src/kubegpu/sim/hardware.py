@@ -44,8 +44,15 @@ class NodeHardware:
                 self._apply_one(index, layout)
         except KubegpuError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        self.gpus = self.backend.devices()
-        self.mig = {gpu.index: self.backend.mig_devices(gpu.index) for gpu in self.gpus if gpu.mig_enabled}
+        # read back; a GPU or MIG list equal to what was read before stays the same object, so what is derived from
+        # it per object (the device lists, `kubegpu.sharing.devices`) is not derived again for an unchanged GPU
+        old_gpus, old_mig = {g.index: g for g in self.gpus}, self.mig
+        self.gpus = [old_gpus[g.index] if old_gpus.get(g.index) == g else g for g in self.backend.devices()]
+        self.mig = {}
+        for gpu in self.gpus:
+            if gpu.mig_enabled:
+                devices = self.backend.mig_devices(gpu.index)
+                self.mig[gpu.index] = old_mig[gpu.index] if old_mig.get(gpu.index) == devices else devices
 
     def _apply_one(self, index: int, layout: Sequence[PlacedInstance] | None) -> None:
         backend = self.backend

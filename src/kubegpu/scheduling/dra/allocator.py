@@ -75,7 +75,7 @@ class Pool:
 class _Search:
     """Mutable state of one Allocate call (what is picked, counters used, constraint values)."""
 
-    in_use: set[DeviceId]
+    in_use: set[DeviceId] | frozenset[DeviceId]
     available: dict[tuple[str, str], dict[tuple[str, str], float]]  # pool key -> counter -> available
     consumed: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
     picked: list[tuple[Device, SubRequest]] = field(default_factory=list)
@@ -96,6 +96,7 @@ class Allocator:
         self.step_budget = step_budget
         self._devices = {d.id: d for pool in self.pools for d in pool.devices}
         self._candidate_cache: dict[tuple[tuple[int, ...], tuple[str, ...]], Candidates] = {}
+        self._on_node: dict[str | None, list[Pool]] = {}  # the pools a node sees, in pool order (asked per claim)
 
     # --- queries ----------------------------------------------------------------------------------------------------
 
@@ -116,8 +117,10 @@ class Allocator:
         `in_use`: devices held by claims already allocated in the cluster (their counters are taken too).
         Raises ClaimError for a claim that cannot be allocated anywhere as written.
         """
-        used = set(in_use)
-        on_node = [p for p in self.pools if p.on_node(node)]
+        used = in_use if isinstance(in_use, set | frozenset) else set(in_use)  # only read: no copy needed
+        on_node = self._on_node.get(node)
+        if on_node is None:
+            on_node = self._on_node[node] = [p for p in self.pools if p.on_node(node)]
         # like kube-scheduler, never allocate from a pool that is being updated (incomplete) or is invalid
         pools = [p for p in on_node if not p.invalid and not p.incomplete]
         for claim in claims:
@@ -166,7 +169,7 @@ class Allocator:
                                  "accounted for")
             least += fewest
 
-    def _available(self, pool: Pool, used: set[DeviceId]) -> dict[tuple[str, str], float]:
+    def _available(self, pool: Pool, used: set[DeviceId] | frozenset[DeviceId]) -> dict[tuple[str, str], float]:
         available = dict(pool.counters)
         for device in pool.devices:
             if device.id in used:
