@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuDevice
     from kubegpu.gpu.catalog import GpuModel
     from kubegpu.sim.scenario import NodeGroup
-    from kubegpu.sim.strategies import SimControl, Strategy
+    from kubegpu.sim.strategies import NodeView, SimControl, Strategy
     from kubegpu.sim.workload import Job
 
 SIM_ZONE = "sim-zone"
@@ -114,10 +114,10 @@ class EngineProvider(InstanceListing):
         except KubegpuError as exc:
             raise NodeClaimNotFoundError(str(exc)) from None
 
-    def reclaimed(self) -> builtins.list[str]:
+    def reclaimed(self, views: Sequence[NodeView] | None = None) -> builtins.list[str]:
         """Provider IDs whose simulator node is gone without our asking (a spot interruption), forgotten here: the
-        instance no longer exists, as the cloud would answer."""
-        alive = {view.name for view in self.sim.nodes()}
+        instance no longer exists, as the cloud would answer. `views`: `sim.nodes()` when the caller has it."""
+        alive = {view.name for view in (self.sim.nodes() if views is None else views)}
         gone = [pid for pid, name in self.instances.items() if name not in alive]
         for pid in gone:
             name = self.instances.pop(pid)
@@ -196,20 +196,21 @@ class AutoscalerStrategy(BaseStrategy):
     def on_tick(self, sim: SimControl) -> None:
         if self.autoscaler is None:
             return
-        self._forget_interrupted(sim)
+        views = sim.nodes()   # read once a tick (each read rebuilds the views of nodes whose pods changed) ...
+        self._forget_interrupted(sim, views)
         now = sim.clock.now()
         if now - self.last_pass >= self.idle_pass_interval or self._busy(sim, self.autoscaler):
             self.autoscaler.step()
             self.last_pass = now
+            views = sim.nodes()   # ... and again only after a pass, which may have bought or returned nodes
         prices = {g.name: g.price_per_hour for g in sim.node_groups}
-        views = sim.nodes()
         self.timeline.append((sim.clock.now(), len(views), sum(prices.get(v.group, 0.0) for v in views)))
 
 
-    def _forget_interrupted(self, sim: SimControl) -> None:
+    def _forget_interrupted(self, sim: SimControl, views: Sequence[NodeView]) -> None:
         """Karpenter's interruption controller: a NodeClaim whose instance the cloud reclaimed is deleted, so the
         termination controller finishes it and the provisioner buys a replacement for the evicted pods."""
-        gone = set(self.provider.reclaimed()) if self.provider is not None else set()
+        gone = set(self.provider.reclaimed(views)) if self.provider is not None else set()
         if not gone:
             return
         for claim in sim.cluster.list("NodeClaim"):

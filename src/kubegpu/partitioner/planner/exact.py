@@ -16,10 +16,10 @@ each keeping the value the previous one reached: pods, then churn with fragmenta
 (`solver.Lexicographic`: relaxation bound, neighbourhood incumbents, reduced-cost fixing, then branching).
 Time budget, wall clock for the whole plan (parsing, model, solver, disaggregation; HiGHS's one-off library load
 aside): the solver runs until `FINISH_SHARE` of it is left for disaggregation (or, while it has no plan at all, for
-`grace_s` after the model is built), and a plan whose pods stages it proves optimal is at least as
-good as any greedy plan (a churn stage the deadline stopped keeps its best plan). If it has not proven its pods by
-then, the greedy runs in all its pod orders (to the end, even past the budget: the plan is never worse than the
-greedy's) and the better plan is kept.
+`grace_s` after the model is built, longer on a busy machine), and a plan whose pods stages it proves optimal is at
+least as good as any greedy plan (a churn stage the deadline stopped keeps its best plan). If it has not proven its
+pods by then, the greedy runs in all its pod orders (to the end, even past the budget: the plan is never worse than
+the greedy's) and the better plan is kept.
 """
 
 from __future__ import annotations
@@ -60,9 +60,16 @@ root) comes in a fraction of the time the greedy fallback takes there (its four 
 4,096 GPUs)."""
 
 
-def grace_s(time_limit: float) -> float:
-    """How long after the model is built the solver may look for its first plan (see `GRACE`)."""
-    return GRACE * max(time_limit, 1.0)
+SLOWDOWN = 4.0
+"""The most the grace stretches on a busy machine: it is meant as work, so it grows with how much longer than its CPU
+time building the model took in wall time (other processes on the cores), up to this factor. Giving up on it costs
+more than going on: the greedy fallback's own CPU time then comes on top, stretched as much."""
+
+
+def grace_s(time_limit: float, slowdown: float = 1.0) -> float:
+    """How long after the model is built the solver may look for its first plan (see `GRACE`), on a machine where
+    wall time runs `slowdown` times the plan's CPU time (see `SLOWDOWN`)."""
+    return GRACE * max(time_limit, 1.0) * min(max(slowdown, 1.0), SLOWDOWN)
 
 
 @dataclass
@@ -128,10 +135,12 @@ def exact_solve(problem: Problem, time_limit: float, started: float | None = Non
     if not problem.candidates:
         return _with(greedy_solve(problem, orders=slice(0, 1)), optimal=True, bound=0, score=0,
                      note="no pending pod a re-cut could serve; nothing changed")
+    wall, cpu = time.perf_counter(), time.process_time()
     model = build(problem, LayoutCache() if layouts is None else layouts)
     stages = _stages(model)
-    outcome = Lexicographic(model.solver, stages, loader).run(None, deadline=solver_deadline,
-                                                              grace=time.perf_counter() + grace_s(time_limit))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    grace = time.perf_counter() + grace_s(time_limit, wall / cpu if cpu > 0.05 else 1.0)  # too short to tell: 1
+    outcome = Lexicographic(model.solver, stages, loader).run(None, deadline=solver_deadline, grace=grace)
     if outcome.values is not None and (outcome.optimal or _pods_proven(stages, outcome)):
         # every pods stage proven: no plan, the greedy's included, makes more pods schedulable; a churn stage the
         # deadline stopped keeps the best plan it had (the pods stage's, already steered towards less churn)

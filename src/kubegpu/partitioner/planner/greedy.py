@@ -62,16 +62,32 @@ class _NodeState:
             self.added[resource] = self.added.get(resource, 0.0) + amount
         self.pods_added += 1
 
-    def view(self) -> NodeInfo:
-        """The node as the scheduler would see it after this plan: GPU allocatable = instances not in use."""
+    def view(self, free: _FreeMemo | None = None) -> NodeInfo:
+        """The node as the scheduler would see it after this plan: GPU allocatable = instances not in use (their
+        totals remembered in `free` per GPU tuple: a pod's trials and every pod order revisit the same ones)."""
         allocatable = dict(self.base.allocatable)
-        for gpu in self.gpus:
-            for resource, n in gpu.free_counts.items():
-                allocatable[resource] = allocatable.get(resource, 0.0) + n
+        for resource, n in _free_total(self.gpus, {} if free is None else free).items():
+            allocatable[resource] = allocatable.get(resource, 0.0) + n
         requested = dict(self.base.requested)
         for resource, amount in self.added.items():
             requested[resource] = requested.get(resource, 0.0) + amount
         return NodeInfo(node=self.node.node, allocatable=allocatable, requested=requested, pods=[])
+
+
+_FreeMemo = dict[int, tuple[tuple[GpuState, ...], dict[str, int]]]
+
+
+def _free_total(gpus: tuple[GpuState, ...], memo: _FreeMemo) -> dict[str, int]:
+    """The instances not in use on these GPUs, per resource; memoised on the tuple's identity (kept alive with it)."""
+    hit = memo.get(id(gpus))
+    if hit is not None and hit[0] is gpus:
+        return hit[1]
+    total: dict[str, int] = {}
+    for gpu in gpus:
+        for resource, n in gpu.free_counts.items():
+            total[resource] = total.get(resource, 0) + n
+    memo[id(gpus)] = (gpus, total)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -165,10 +181,11 @@ def _best_greedy(found: Sequence[Candidate], states: Mapping[str, _NodeState], o
     """The greedy in every pod order; the best result by the objective (the first on a tie)."""
     best: tuple[tuple[Any, ...], dict[str, _NodeState], dict[str, str]] | None = None
     option_cache: _OptionCache = {}
+    free: _FreeMemo = {}
     prepared = _prepare(found, states)
     for order in orders:
         result_states = {name: s.copy() for name, s in states.items()}
-        assigned = _greedy(sorted(found, key=order), result_states, option_cache, prepared)
+        assigned = _greedy(sorted(found, key=order), result_states, option_cache, prepared, free)
         score = _objective(found, assigned, result_states)
         if best is None or score < best[0]:
             best = (score, result_states, assigned)
@@ -258,7 +275,7 @@ def _prepare(found: Sequence[Candidate], states: Mapping[str, _NodeState]) -> _P
 
 
 def _greedy(ordered: Sequence[Candidate], states: dict[str, _NodeState], option_cache: _OptionCache,
-            prepared: _Prepared) -> dict[str, str]:
+            prepared: _Prepared, free: _FreeMemo | None = None) -> dict[str, str]:
     """Place pods one by one: reuse a free instance where one fits, else create where it costs least.
 
     For each pod the nodes are scanned in name order up to the first whose option changes nothing (reusing free
@@ -285,7 +302,7 @@ def _greedy(ordered: Sequence[Candidate], states: dict[str, _NodeState], option_
             assert option is not None
             trial = states[name].copy()
             trial.gpus = option[1]
-            if fits(need, trial.view()).ok:  # the full fit: cpu, memory, pod count, on the new allocatable
+            if fits(need, trial.view(free)).ok:  # the full fit: cpu, memory, pod count, on the new allocatable
                 trial.add_pod(need.requests)
                 states[name] = trial
                 assigned[pod_key(pod)] = name

@@ -22,8 +22,6 @@ A stage is solved in up to three steps, each exact:
      there (most of the model on the planner's states). The stage's bound is then the smaller of the solver's bound
      on the fixed model and the incumbent, never below the relaxation's.
 Columns whose bounds meet are substituted into the rows, and the model goes to HiGHS as whole arrays (row-wise).
-A relaxation with the bounds and rows of the last one only changes that HiGHS instance's objective and goes on from
-its optimal basis (a pods stage's own relaxation after the combined one: no iteration where it took thousands).
 """
 
 from __future__ import annotations
@@ -246,8 +244,6 @@ class Lexicographic:
         self.starts = np.array(solver.starts, dtype=np.int32)
         self.index = np.array(solver.index, dtype=np.int32)
         self.value = np.array(solver.value, dtype=np.float64)
-        # the last relaxation solved: its HiGHS instance, column bounds and row count (see `_run`)
-        self._relaxation: tuple[Any, Vector, Vector, int] | None = None
 
     def run(self, start: list[float] | None, deadline: float, grace: float | None = None) -> Outcome:
         """Solve the stages in order until `deadline`; while no solution is known (no start, and the first stage
@@ -368,9 +364,7 @@ class Lexicographic:
                 if neighbourhood == "union" and not len(relaxed.duals):
                     # bounded by the combined relaxation so far: this stage's own one now, for its bound, for
                     # the union's support and for reduced-cost fixing
-                    # from scratch: warm from the combined relaxation, HiGHS would stop at the same vertex, and the
-                    # union would hold nothing new
-                    relaxed = self._run(cost, lower, upper, False, quick(), warm=False)
+                    relaxed = self._run(cost, lower, upper, False, quick())
                     if relaxed.kind != "optimal" or relaxed.x is None:
                         break
                     bound = max(bound, relaxed.bound)
@@ -443,7 +437,7 @@ class Lexicographic:
         return _Step(incumbent, StageResult(name, best, best if optimal else bound, optimal), text)
 
     def _run(self, cost: Vector, lower: Vector, upper: Vector, integer: bool, deadline: float,
-             start: Vector | None = None, also: tuple[Vector, float] | None = None, warm: bool = True) -> _Run:
+             start: Vector | None = None, also: tuple[Vector, float] | None = None) -> _Run:
         """One HiGHS run, the relaxation or the integer program, with these column bounds, stopped at the
         deadline. Columns whose bounds meet are substituted into the rows first, so HiGHS only sees the columns
         still to decide (on a fixed model, a small fraction). `also` (another objective and a divisor): a
@@ -466,32 +460,19 @@ class Lexicographic:
         remap = np.cumsum(free) - 1
         index = remap[self.index[moving]].astype(np.int32)
         starts = np.concatenate([[0], np.cumsum(np.bincount(rows[moving], minlength=len(self.row_lower)))])
-        last = self._relaxation
-        if (warm and not integer and last is not None and last[3] == len(self.row_lower)
-                and np.array_equal(last[1], lower)
-                and np.array_equal(last[2], upper)):
-            # the last relaxation's program with another objective: HiGHS goes on from its optimal basis (a pods
-            # stage's own relaxation after the combined one: no iteration at all where it took thousands)
-            highs = last[0]
-            highs.changeColsCost(columns, np.arange(columns, dtype=np.int32), cost[free])
-            highs.changeObjectiveOffset(offset)
-            highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
-        else:
-            highs = self.loader.new()
-            highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
-            if not integer and columns > _LARGE:
-                highs.setOptionValue("presolve", "off")
-            if integer:
-                highs.setOptionValue("mip_rel_gap", 0.0)
-                highs.setOptionValue("mip_abs_gap", 0.99)
-                highs.setOptionValue("random_seed", 0)
-                highs.setOptionValue("mip_max_nodes", MAX_NODES)
-            kind = np.full(columns, _INTEGER if integer else _CONTINUOUS, dtype=np.int32)
-            highs.passModel(columns, len(row_lower), len(index), _ROWWISE, _MINIMIZE, offset, cost[free],
-                            lower[free], upper[free], row_lower, row_upper, starts[:-1].astype(np.int32), index,
-                            self.value[moving], kind)
-            if not integer:
-                self._relaxation = (highs, lower, upper, len(self.row_lower))
+        highs = self.loader.new()
+        highs.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.001))
+        if not integer and columns > _LARGE:
+            highs.setOptionValue("presolve", "off")
+        if integer:
+            highs.setOptionValue("mip_rel_gap", 0.0)
+            highs.setOptionValue("mip_abs_gap", 0.99)
+            highs.setOptionValue("random_seed", 0)
+            highs.setOptionValue("mip_max_nodes", MAX_NODES)
+        kind = np.full(columns, _INTEGER if integer else _CONTINUOUS, dtype=np.int32)
+        highs.passModel(columns, len(row_lower), len(index), _ROWWISE, _MINIMIZE, offset, cost[free], lower[free],
+                        upper[free], row_lower, row_upper, starts[:-1].astype(np.int32), index,
+                        self.value[moving], kind)
         if start is not None:
             solution = highspy.HighsSolution()
             solution.col_value = start[free].tolist()
