@@ -149,3 +149,37 @@ def test_kubegpu_plan_on_a_generated_fleet_state_file_matches_the_planner_and_it
         nodes[node.name] = NodePlan(node.name, node.mode, tuple(gpus))
     assert plan_violations(case.nodes, case.pods, Plan(nodes=nodes, assignments=doc["assignments"],
                                                        unschedulable=doc["reasons"])) == []
+
+
+@pytest.mark.parametrize("pods", [60, 400])  # every pod fits; demand above what a re-cut can serve
+def test_a_huge_model_starts_from_the_greedy_plan_and_stays_no_worse(
+        bench: ModuleType, pods: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `exact.HUGE` columns the greedy runs first and its plan starts the solver: valid, no worse than the
+    greedy, the greedy run once; where it serves every pod the pods stage is proven with no relaxation."""
+    case = bench.generate_fleet(64, pods, random.Random(pods))
+    greedy = plan(case.nodes, case.pods, planner="greedy")
+    calls = []
+    original = planner_exact.greedy_solve
+
+    def counted(*args: Any, **kwargs: Any) -> Plan:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    starts: list[list[float] | None] = []
+    start_from = planner_exact._start_from
+
+    def spied(*args: Any) -> list[float] | None:
+        starts.append(start_from(*args))
+        return starts[-1]
+
+    monkeypatch.setattr(planner_exact, "greedy_solve", counted)
+    monkeypatch.setattr(planner_exact, "_start_from", spied)
+    monkeypatch.setattr(planner_exact, "HUGE", 0)
+    result = plan(case.nodes, case.pods, time_limit=5.0)
+    assert len(starts) == 1 and starts[0] is not None  # the greedy's plan, found among the model's options
+    assert plan_violations(case.nodes, case.pods, result) == []
+    assert per_level(result, case.pods) >= per_level(greedy, case.pods)
+    assert calls == [1]
+    assert result.score is not None and result.bound is not None and result.score >= 0.999 * result.bound
+    if len(greedy.assignments) == len(case.pods):
+        assert result.score == result.bound and "greedy plan is kept" not in result.note
