@@ -28,7 +28,6 @@ import typer
 import yaml
 
 from kubegpu.clock import parse_go_duration
-from kubegpu.endpoints import parse_listen_address
 from kubegpu.errors import ConfigError
 
 FORMATS = ("json", "yaml", "table")
@@ -171,6 +170,10 @@ def metrics_address_option(default: str | None, help: str = "HOST:PORT to serve 
 
     def check(value: str) -> str:
         if value:
+            # imported here: kubegpu.endpoints brings in aiohttp, a quarter of a second every command (`kubegpu
+            # plan` included) would pay for an option most never use
+            from kubegpu.endpoints import parse_listen_address
+
             parse_listen_address(value, "--metrics-address")
         return value
 

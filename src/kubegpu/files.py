@@ -137,9 +137,11 @@ _OPEN_EVENTS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE_EVENTS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
-def _check_depth(text: str, source: str, max_depth: int) -> None:
-    """Walk the event stream (no recursion) so a deeply nested document never reaches the recursive composer."""
+def _check_depth(text: str, source: str, max_depth: int) -> bool:
+    """Walk the event stream (no recursion) so a deeply nested document never reaches the recursive composer.
+    Returns whether the stream has an alias (without one, nothing can expand: `_check_aliases` is not needed)."""
     depth = 0
+    aliases = False
     for event in yaml.parse(text, Loader=_SafeLoader):
         if isinstance(event, _OPEN_EVENTS):
             depth += 1
@@ -149,6 +151,9 @@ def _check_depth(text: str, source: str, max_depth: int) -> None:
                 raise ConfigError(f"{where}: invalid YAML: nested deeper than {max_depth} levels")
         elif isinstance(event, _CLOSE_EVENTS):
             depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases = True
+    return aliases
 
 
 def _expanded_size(root: yaml.Node, source: str, limit: int) -> int:
@@ -212,14 +217,15 @@ def _yaml_error(exc: yaml.YAMLError, source: str) -> ConfigError:
 
 def _iter_yaml(text: str, source: str, max_depth: int, max_expansion: int) -> Iterator[object]:
     try:
-        _check_depth(text, source, max_depth)
+        aliases = _check_depth(text, source, max_depth)
         loader = _StrictLoader(text)
         try:
             while loader.check_node():
                 node = loader.get_node()
                 if node is None:
                     continue
-                _check_aliases(node, source, max_expansion)
+                if aliases:  # two walks of every node: a fleet's state file is a million of them
+                    _check_aliases(node, source, max_expansion)
                 yield loader.construct_document(node)
         finally:
             loader.dispose()

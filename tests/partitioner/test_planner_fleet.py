@@ -97,3 +97,89 @@ def test_dominance_by_pairs_agrees_with_the_lattice(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(layouts, "_PAIRS", -1)
         assert layouts._undominated(group_of, offered).tolist() == expected
         monkeypatch.undo()
+
+
+def test_kubegpu_plan_on_a_generated_fleet_state_file_matches_the_planner_and_its_bound(
+        bench: ModuleType, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The acceptance path (`kubegpu plan --state FILE -o json`) on a fleet-shaped state written as the benchmark
+    writes it: the JSON keeps its shape, its plan is valid, serves what the planner's API plan serves, no fewer
+    than the greedy per priority level, and its score is at least 0.999 of the bound it states (which the proven
+    optimum does not exceed); the garbage collector is left as the command found it."""
+    import gc
+    import json
+    import sys
+
+    from kubegpu.cli import main
+
+    case = bench.generate_fleet(128, 400, random.Random(28))
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(bench.state_file(case)))
+    monkeypatch.setattr(sys, "argv", ["kubegpu", "plan", "--state", str(path), "-o", "json", "--time-limit", "30"])
+    assert gc.isenabled()
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code
+    assert gc.isenabled()
+    doc = json.loads(capsys.readouterr().out)
+    assert {"nodes", "schedulable", "unschedulable", "assignments", "reasons", "created", "destroyed", "planner",
+            "optimal", "bound", "score", "note", "objective"} <= set(doc)
+    objective = doc["objective"]
+    assert objective["score"] >= 0.999 * objective["bound"] and objective["ratioToBound"] >= 0.999
+    best = plan(case.nodes, case.pods, time_limit=30.0)
+    assert best.optimal and objective["bound"] >= best.score == objective["score"]
+    greedy = plan(case.nodes, case.pods, planner="greedy")
+    mine = Plan(nodes=best.nodes, assignments=doc["assignments"], unschedulable=doc["reasons"])
+    assert per_level(mine, case.pods) >= per_level(greedy, case.pods)
+    # the JSON's layouts are the API plan's, GPU by GPU, and legal with the pods it calls schedulable
+    layouts = {(n["name"], g["index"]): [(i["profile"], i["start"]) for i in g["instances"]]
+               for n in doc["nodes"] for g in n["gpus"]}
+    models = {(n.name, g.index): g.model for n in case.nodes for g in n.gpus}
+    from kubegpu.gpu.geometry import PlacedInstance
+    from kubegpu.partitioner.planner import GpuPlan, NodePlan
+
+    nodes = {}
+    for node in case.nodes:
+        gpus = []
+        for gpu in node.gpus:
+            model = models[(node.name, gpu.index)]
+            assert model is not None
+            gpus.append(GpuPlan(gpu.index, gpu.model_key, tuple(
+                PlacedInstance(model.profile(p).profile_id, s) for p, s in layouts[(node.name, gpu.index)])))
+        nodes[node.name] = NodePlan(node.name, node.mode, tuple(gpus))
+    assert plan_violations(case.nodes, case.pods, Plan(nodes=nodes, assignments=doc["assignments"],
+                                                       unschedulable=doc["reasons"])) == []
+
+
+@pytest.mark.parametrize("pods", [60, 400])  # every pod fits; demand above what a re-cut can serve
+def test_a_huge_model_starts_from_the_greedy_plan_and_stays_no_worse(
+        bench: ModuleType, pods: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `exact.HUGE` columns the greedy runs first and its plan starts the solver: valid, no worse than the
+    greedy, the greedy run once; where it serves every pod the pods stage is proven with no relaxation."""
+    case = bench.generate_fleet(64, pods, random.Random(pods))
+    greedy = plan(case.nodes, case.pods, planner="greedy")
+    calls = []
+    original = planner_exact.greedy_solve
+
+    def counted(*args: Any, **kwargs: Any) -> Plan:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    starts: list[list[float] | None] = []
+    start_from = planner_exact._start_from
+
+    def spied(*args: Any) -> list[float] | None:
+        starts.append(start_from(*args))
+        return starts[-1]
+
+    monkeypatch.setattr(planner_exact, "greedy_solve", counted)
+    monkeypatch.setattr(planner_exact, "_start_from", spied)
+    monkeypatch.setattr(planner_exact, "HUGE", 0)
+    result = plan(case.nodes, case.pods, time_limit=5.0)
+    assert len(starts) == 1 and starts[0] is not None  # the greedy's plan, found among the model's options
+    assert plan_violations(case.nodes, case.pods, result) == []
+    assert per_level(result, case.pods) >= per_level(greedy, case.pods)
+    assert calls == [1]
+    assert result.score is not None and result.bound is not None and result.score >= 0.999 * result.bound
+    if len(greedy.assignments) == len(case.pods):
+        assert result.score == result.bound and "greedy plan is kept" not in result.note

@@ -510,3 +510,43 @@ def test_simulated_nodes_carry_the_labels_discovery_would_write() -> None:
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
     assert labels["nvidia.com/mig-2g.20gb.count"] == "2"  # all-balanced: one 2g per GPU, two GPUs
     assert labels["kubernetes.io/hostname"] == "g-0"
+
+
+def test_a_run_makes_no_full_garbage_collection_and_restores_the_collector_after() -> None:
+    import gc
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Watching(BaseStrategy):
+        tick_interval = 600.0
+
+        def on_tick(self, sim: SimControl) -> None:
+            seen.append(gc.get_threshold())
+
+    before = gc.get_threshold()
+    simulate(Watching("watching"), [job("ci-1", runtime=1800.0)], duration="1h")
+    assert seen and all(t[:2] == before[:2] and t[2] > 10**6 for t in seen)  # young collections as usual
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("scoring", ["least-allocated", "most-allocated"])
+def test_remembered_scores_choose_the_nodes_select_node_chooses(scoring: str, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """The engine scores each (node state, request) once; a day on mixed nodes binds exactly as asking
+    `select_node` of every class of nodes for every pod does."""
+    from kubegpu.scheduling import select_node
+    from kubegpu.sim.accounting import Accounting
+
+    scenario = dict(gpus=4, nodes=3, duration="4h", cluster={"scoring": scoring, "nodeGroups": [
+        {"name": "a", "count": 2, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 4, "pricePerHour": 10.0},
+        {"name": "h", "count": 2, "gpuModel": "H100-SXM5-80GB", "gpusPerNode": 2, "pricePerHour": 20.0}]})
+    jobs = [job(f"ci-{i}", arrival=i * 97.0 % 7200, runtime=600.0 + i * 131 % 3000, gpus=1 + i % 3,
+                memory=5.0 + i % 30) for i in range(120)]
+    remembered = simulate("time-slicing:2", jobs, **scenario)
+
+    def asked_every_time(self: Any, resource: str, count: int, need: Any, representatives: Any) -> Any:
+        return select_node(need, representatives.values(), scoring)
+
+    monkeypatch.setattr(Accounting, "_best", asked_every_time)
+    assert simulate("time-slicing:2", jobs, **scenario) == remembered
+    assert remembered.pods_completed > 30

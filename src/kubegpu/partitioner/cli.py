@@ -52,14 +52,20 @@ def plan_command(
     check_planner(planner, time_limit, "--planner", "--time-limit")
     # One short-lived run that frees what it drops by reference counting: the cyclic collector only re-walked the
     # growing heap (a fleet's state file is millions of objects), a third of the time spent reading one.
+    collecting = gc.isenabled()
     gc.disable()
-    nodes, pods = planner_inputs(load_state(state), str(state))
-    result = plan(nodes, pods, planner=planner, time_limit=time_limit)
-    for node in nodes:  # reported, not fatal: the rest of the cluster is still planned
-        for gpu in result.nodes[node.name].gpus:
-            if gpu.error:
-                typer.echo(f"warning: {state}: node {node.name} GPU {gpu.index}: {gpu.error}; left as it is", err=True)
-    emit(plan_to_json(result, nodes, pods), output, table=lambda: _print_table(result, nodes))
+    try:
+        nodes, pods = planner_inputs(load_state(state), str(state))
+        result = plan(nodes, pods, planner=planner, time_limit=time_limit)
+        for node in nodes:  # reported, not fatal: the rest of the cluster is still planned
+            for gpu in result.nodes[node.name].gpus:
+                if gpu.error:
+                    typer.echo(f"warning: {state}: node {node.name} GPU {gpu.index}: {gpu.error}; left as it is",
+                               err=True)
+        emit(plan_to_json(result, nodes, pods), output, table=lambda: _print_table(result, nodes))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _print_table(result: Plan, nodes: list[NodeInput]) -> None:

@@ -111,31 +111,31 @@ class _Dynamic(BaseStrategy):
                                                 **self.options)
 
     def on_tick(self, sim: SimControl) -> None:
+        """Every agent reports (those whose node changed since their last report), then the controller's pass."""
         assert self.controller is not None
         now = sim.clock.now()
-        views = {}
-        applying, status, handled = self.applying, self._status, self.handled
+        applying, status, handled, stateful = self.applying, self._status, self.handled, self.stateful
         for view in sim.nodes():
+            name = view.name
+            last = status.get(name)
+            if last is not None and last[0] is view and not stateful and name not in applying:
+                continue  # the same view (they are cached until their node changes): the report would be the same
             if not view.ready or not self.partitioned(view):
                 continue
-            name = view.name
-            views[name] = view
-            if applying:
-                started = applying.get(name)
-                if started is not None:
-                    if started[0] > now:
-                        continue  # the agent is still applying: its node stays in flight
-                    del applying[name]
-                    handled[name] = started[1]
-            last = status.get(name)
-            if last is not None and last[0] is view and not self.stateful and last[1] == handled.get(name):
-                continue  # nothing the report depends on changed (the same check as `report`'s, inlined)
+            started = applying.get(name)
+            if started is not None:
+                if started[0] > now:
+                    continue  # the agent is still applying: its node stays in flight
+                del applying[name]
+                handled[name] = started[1]
             self.report(sim, view)
         result = self.controller.tick(now)
         self.plans += result.planned
         self.skipped += result.skipped
-        for name in result.written:
-            self.apply(sim, views[name], now)
+        if result.written:
+            views = {view.name: view for view in sim.nodes()}
+            for name in result.written:
+                self.apply(sim, views[name], now)
 
     def report(self, sim: SimControl, view: NodeView) -> None:
         """The agent's report: what the node has, what running pods hold, and the last plan handled.

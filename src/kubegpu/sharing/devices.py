@@ -262,15 +262,12 @@ def _units_key(rules: Hashable, gpu: Any, devices: Sequence[Any] | None) -> Hash
     """The GPU and its listed MIG devices, each by identity and every field, or None where one is not a plain object
     with hashable fields (then nothing is cached)."""
     try:
-        key = (rules, _fields(gpu), None if devices is None else tuple(_fields(d) for d in devices))
+        listed = None if devices is None else tuple([(id(d), tuple(d.__dict__.values())) for d in devices])
+        key = (rules, id(gpu), tuple(gpu.__dict__.values()), listed)
         hash(key)
-    except TypeError:
+    except (TypeError, AttributeError):
         return None
     return key
-
-
-def _fields(item: Any) -> tuple[Any, ...]:
-    return (id(item), tuple(vars(item).items()))
 
 
 def _check_single(gpus: Sequence[Any], mig: Mapping[int, Sequence[Any]]) -> None:

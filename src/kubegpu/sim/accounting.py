@@ -47,7 +47,8 @@ _NO_FIT = -1.0  # below every score (0..100) and the starting best: never chosen
 class Accounting(SimCore):
     """The pod side of `Simulation` (and `SimControl.pending_pods`)."""
 
-    _scores: dict[tuple[tuple[Any, ...], GpuRequest], float]  # (node state, request) → score, or _NO_FIT
+    _scores: dict[tuple[int, str, int], float]  # (node state id, resource, count) → score, or _NO_FIT
+    _state_ids: dict[tuple[Any, ...], int]  # SimNode.state_key → its number
     _scorer: Callable[[PodRequirements, NodeInfo], float]
 
     def _freed(self, resource: str) -> None:
@@ -108,23 +109,39 @@ class Accounting(SimCore):
 
     def _choose_node(self, run: Attempt) -> SimNode | None:
         """kube-scheduler's choice, asked of one node per class of identical nodes: fit and score are the same
-        for all of them and ties go to the first, so the answer is the one the full list would give."""
+        for all of them and ties go to the first, so the answer is the one the full list would give. Classes are
+        told apart by a number per distinct `SimNode.state_key` (`_state_id`), cheaper to compare than the key."""
         resource, count = run.request.resource, run.request.count
-        representatives: dict[tuple[Any, ...], NodeInfo] = {}
+        representatives: dict[int, NodeInfo] = {}
         for node in self._nodes.values():
             if node.ready and len(node.free.get(resource, ())) >= count:
-                representatives.setdefault(node.state_key(), node.info)
+                state = node.state_id
+                if state < 0:
+                    state = self._state_id(node)
+                if state not in representatives:
+                    representatives[state] = node.info
         if not representatives:
             return None
         need = run.need
         if need.node_name is not None or need.node_selector or need.affinity_terms is not None or need.tolerations:
             chosen = select_node(need, representatives.values(), self.scoring)
         else:
-            chosen = self._best(run.request, need, representatives)
+            chosen = self._best(resource, count, need, representatives)
         return None if chosen is None else self._nodes[chosen.name]
 
-    def _best(self, request: GpuRequest, need: PodRequirements,
-              representatives: dict[tuple[Any, ...], NodeInfo]) -> NodeInfo | None:
+    def _state_id(self, node: SimNode) -> int:
+        """The number of the node's state key (the same for every node, and every time, the key is equal)."""
+        ids = self._state_ids
+        if len(ids) > 500_000:  # numbers start over: forget every node's and every score kept under them
+            ids.clear()
+            self._scores.clear()
+            for other in self._nodes.values():
+                other.state_id = -1
+        node.state_id = ids.setdefault(node.state_key(), len(ids))
+        return node.state_id
+
+    def _best(self, resource: str, count: int, need: PodRequirements,
+              representatives: dict[int, NodeInfo]) -> NodeInfo | None:
         """`select_node` for a pod that names no node, selector, affinity or toleration: whether it fits and its
         score then depend only on the node's state key (its group's labels and taints, allocatable and requested)
         and the pod's requests, so each is computed once per (state, request) and remembered: a scheduling pass
@@ -135,8 +152,8 @@ class Accounting(SimCore):
         scorer = self._scorer
         best: NodeInfo | None = None
         best_score = _NO_FIT
-        for key, info in representatives.items():
-            memo = (key, request)
+        for state, info in representatives.items():
+            memo = (state, resource, count)
             score = scores.get(memo)
             if score is None:
                 score = scores[memo] = scorer(need, info) if fits(need, info).ok else _NO_FIT

@@ -140,6 +140,11 @@ class DraDynamicMig(BaseStrategy):
         held = self._held.get(view.name)
         if held is not None and held[0] is view:
             return held[1], held[2], held[3]
+        if held is not None and held[0].mig == view.mig and held[0].reconfiguring == view.reconfiguring \
+                and held[0].gpus == view.gpus:
+            # a pod started or ended there: the same GPUs and instances (the same objects: compared by identity first)
+            self._held[view.name] = (view, *held[1:])
+            return held[1], held[2], held[3]
         gpus = tuple(gpu.uuid for gpu in view.gpus)
         cached = self._parsed.get(view.name)
         if cached is None or cached[0] != gpus:

@@ -70,8 +70,10 @@ class ClusterEffects(SimCore):
         self._rebuild_devices(node)
         self.cluster.create(node.obj)
 
-    def _rebuild_devices(self, node: SimNode) -> None:
-        """Recompute device IDs and allocatable from the resource accounting; keep running pods' devices held."""
+    def _rebuild_devices(self, node: SimNode, layout_changed: bool = True) -> None:
+        """Recompute device IDs and allocatable from the resource accounting; keep running pods' devices held.
+        `layout_changed=False` (nothing on the node's GPUs changed): only the free lists are put back in the device
+        plugin's order and pending pods are tried again; partitions, labels and the Node object stay."""
         gpus = [gpu for gpu in node.gpus if gpu.index not in node.reconfiguring]
         mig = {index: devices for index, devices in node.mig.items() if index not in node.reconfiguring}
         slices = {i: s for i, s in node.mps_slices.items() if i not in node.reconfiguring}
@@ -89,6 +91,11 @@ class ClusterEffects(SimCore):
         old_resources = set(node.allocatable)
         node.allocatable = counts
         node.free = {name: [d for d in devices if d.id not in held] for name, devices in by_resource.items()}
+        if not layout_changed:
+            node.touch()
+            for resource in old_resources | set(counts):
+                self._freed(resource)
+            return
         partitions: dict[str, Partition] = {}
         for devices in by_resource.values():
             for device in devices:
@@ -147,8 +154,11 @@ class ClusterEffects(SimCore):
                 target.reconfiguring.add(change.index)
             elif change.create:
                 target.mig_pending[change.index] = list(change.create)
-        _reread(target.hardware, node)
-        self._rebuild_devices(target)
+        if any(change.mode_change or change.destroy for change in changes):
+            _reread(target.hardware, node)
+            self._rebuild_devices(target)
+        else:  # only new instances, which appear after the delay: no device changed yet
+            self._rebuild_devices(target, layout_changed=False)
         if any(change.mode_change or change.create for change in changes):  # else all done: only free ones went
             self._push(self.clock.now() + wait, _NODE, lambda: self._finish_mig_changes(target, changes))
 

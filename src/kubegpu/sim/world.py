@@ -123,6 +123,7 @@ class SimNode:
     rejects_multiple_shared: bool = False  # the plugin's failRequestsGreaterThanOne (MPS default)
     _key: tuple[Any, ...] | None = None
     _view: NodeView | None = None
+    state_id: int = -1  # the engine's number for `state_key()` (accounting's `_state_id`); -1 until asked again
     # what running pods hold, kept as they start and end (`hold`, `release`) so a view need not walk them all
     _busy: dict[int, int] = field(default_factory=dict)  # GPU index → partitions of it held (a pod counts once each)
     _held_mig: dict[str, int] = field(default_factory=dict)  # MIG UUID → devices of it held
@@ -148,6 +149,7 @@ class SimNode:
     def touch(self) -> None:
         self._key = None
         self._view = None
+        self.state_id = -1
 
     def hold(self, run: Attempt) -> None:
         """Count what a pod that starts here holds (its partitions and devices are set)."""

@@ -66,6 +66,13 @@ time building the model took in wall time (other processes on the cores), up to 
 more than going on: the greedy fallback's own CPU time then comes on top, stretched as much."""
 
 
+HUGE = 100_000
+"""Columns from which the greedy runs before the solver and its plan is the solver's start: a pods stage it serves
+in full is then proven with no relaxation at all. 4,096 GPUs modelled node by node (pods asking for several
+instances, or cpu and memory that could run out) make ~145,000 columns, whose one relaxation takes 7 s of CPU, past
+any grace: the solver used to spend the grace on it and then fall back to the greedy anyway."""
+
+
 def grace_s(time_limit: float, slowdown: float = 1.0) -> float:
     """How long after the model is built the solver may look for its first plan (see `GRACE`), on a machine where
     wall time runs `slowdown` times the plan's CPU time (see `SLOWDOWN`)."""
@@ -139,15 +146,21 @@ def exact_solve(problem: Problem, time_limit: float, started: float | None = Non
     model = build(problem, LayoutCache() if layouts is None else layouts)
     stages = _stages(model)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    # a huge model: the greedy first, its plan the solver's start (a pods stage it serves in full is proven at once)
+    greedy = greedy_solve(problem) if model.solver.columns > HUGE else None
+    start = None if greedy is None else _start_from(model, problem, greedy)
     grace = time.perf_counter() + grace_s(time_limit, wall / cpu if cpu > 0.05 else 1.0)  # too short to tell: 1
-    outcome = Lexicographic(model.solver, stages, loader).run(None, deadline=solver_deadline, grace=grace)
+    outcome = Lexicographic(model.solver, stages, loader).run(start, deadline=solver_deadline, grace=grace)
     if outcome.values is not None and (outcome.optimal or _pods_proven(stages, outcome)):
         # every pods stage proven: no plan, the greedy's included, makes more pods schedulable; a churn stage the
         # deadline stopped keeps the best plan it had (the pods stage's, already steered towards less churn)
-        return _exact_plan(problem, model, outcome, _bound(model, outcome))
-    greedy = greedy_solve(problem)
+        proven = _exact_plan(problem, model, outcome, _bound(model, outcome))
+        if greedy is None or plan_objective(problem, proven) <= plan_objective(problem, greedy):
+            return proven
+    if greedy is None:
+        greedy = greedy_solve(problem)
+        start = _start_from(model, problem, greedy)
     bound = _bound(model, outcome)
-    start = _start_from(model, problem, greedy)
     # e.g. the solver gave up early: go on from the greedy's plan when it is the better one (from its own plan the
     # solver would only repeat the effort it has just spent)
     if time.perf_counter() < solver_deadline and _rank(stages, start) < _rank(stages, outcome.values):
@@ -461,16 +474,17 @@ def _start_from(model: Model, problem: Problem, greedy: Plan) -> list[float] | N
     plans = {(name, g.index): g for name, node in greedy.nodes.items() for g in node.gpus}
     for mig in model.mig:
         used = Counter(mig.used)
+        offers = mig.options.free
         for node_gpu in mig.node_gpus:
             free = Counter(i.profile_id for i in (Counter(plans[node_gpu].instances) - used).elements())
-            wanted = tuple(free[p] if w else 0 for p, w in zip(mig.profile_ids, mig.wanted, strict=True))
+            wanted = np.array([free[p] if w else 0 for p, w in zip(mig.profile_ids, mig.wanted, strict=True)])
             # the option with exactly these instances, else one that dominates it (pruned options were dominated)
-            columns = [col for option, col in zip(mig.options, mig.columns, strict=True) if option.free == wanted]
-            columns += [col for option, col in zip(mig.options, mig.columns, strict=True)
-                        if all(a >= b for a, b in zip(option.free, wanted, strict=True))]
-            if not columns:
+            found = np.flatnonzero((offers == wanted).all(axis=1))
+            if not len(found):
+                found = np.flatnonzero((offers >= wanted).all(axis=1))
+            if not len(found):
                 return None
-            values[columns[0]] += 1
+            values[mig.columns.start + int(found[0])] += 1
     for mps in model.mps:
         now = Counter(plans[(mps.node, mps.index)].slices) - Counter(mps.used)
         for size, n in now.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling.dra.celenv import compile_selector, is_semver, quantity_value, semver_value
@@ -23,8 +23,9 @@ BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 AttrValue = tuple[str, Any]  # ("int", 3) | ("bool", True) | ("string", "x") | ("version", "1.2.3")
 
 
-@dataclass(frozen=True, order=True)
-class DeviceId:
+class DeviceId(NamedTuple):
+    """A device by driver, pool and name: a tuple, so the allocator's sets of devices in use hash it natively."""
+
     driver: str
     pool: str
     device: str
