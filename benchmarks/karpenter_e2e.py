@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import lightkube
 from lightkube import codecs
 from lightkube.generic_resource import create_global_resource
@@ -330,17 +331,21 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
         if launched.process.poll() is not None:
             raise SystemExit(f"error: {trial.system} exited with status {launched.process.returncode}; "
                              f"log {launched.log}")
-        if now >= next_claims:
-            seen.update(c.to_dict()["metadata"]["name"] for c in client.list(launched.claim_kind))
-            next_claims = now + 3.0
-        if trial.first_bound_s != trial.first_bound_s:  # nan: nothing bound yet
-            if any(True for _ in client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": not_equal("")})):
-                trial.first_bound_s = time.monotonic() - started
-                say(f"  first pod bound after {trial.first_bound_s:.1f}s")
-        elif created.is_set() and not any(
-                True for _ in client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": ""})):
-            trial.all_bound_s = time.monotonic() - started
-            break
+        try:
+            if now >= next_claims:
+                seen.update(c.to_dict()["metadata"]["name"] for c in client.list(launched.claim_kind))
+                next_claims = now + 3.0
+            if trial.first_bound_s != trial.first_bound_s:  # nan: nothing bound yet
+                if any(True for _ in client.list(Pod, namespace=NAMESPACE,
+                                                 fields={"spec.nodeName": not_equal("")})):
+                    trial.first_bound_s = time.monotonic() - started
+                    say(f"  first pod bound after {trial.first_bound_s:.1f}s")
+            elif created.is_set() and not any(
+                    True for _ in client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": ""})):
+                trial.all_bound_s = time.monotonic() - started
+                break
+        except httpx.TransportError as exc:   # the server busy with the burst timed a poll out: poll again
+            say(f"  (a poll timed out: {type(exc).__name__}; polling again)")
         if now >= deadline:
             say(f"  timed out after {timeout:.0f}s")
             break

@@ -114,12 +114,15 @@ class _Dynamic(BaseStrategy):
         """Every agent reports (those whose node changed since their last report), then the controller's pass."""
         assert self.controller is not None
         now = sim.clock.now()
-        applying, status, handled, stateful = self.applying, self._status, self.handled, self.stateful
+        applying, status, handled = self.applying, self._status, self.handled
         for view in sim.nodes():
             name = view.name
             last = status.get(name)
-            if last is not None and last[0] is view and not stateful and name not in applying:
-                continue  # the same view (they are cached until their node changes): the report would be the same
+            if last is not None and last[0] is view and name not in applying:
+                # the same view (cached until the node changes): the report would be the same. The agent's own
+                # state (`agent_state`) changes only with a change it applies, which puts the node in `applying`
+                # until the agent reports it handled.
+                continue
             if not view.ready or not self.partitioned(view):
                 continue
             started = applying.get(name)
@@ -195,7 +198,6 @@ class _Dynamic(BaseStrategy):
     def partitioned(self, view: NodeView) -> bool:
         return True
 
-    stateful = False  # whether `agent_state` can change while a node's view does not
     def agent_state(self, view: NodeView) -> int:
         """What the report depends on beyond the node's view: a version of the state the agent itself keeps."""
         return 0
@@ -309,6 +311,9 @@ class DynamicMps(_Dynamic):
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, **options)
         self.slices: dict[str, dict[int, list[int]]] = {}  # node → GPU index → slice sizes (the agent's slice file)
+        # node → the held slices and slice version of its last report, and each GPU's `ReportedGpu` in it
+        self._last_gpus: dict[str, tuple[frozenset[str], int, dict[int, ann.ReportedGpu]]] = {}
+        self._slices_of: dict[str, tuple[str, str]] = {}  # MPS device ID → (GPU UUID or index, slice name)
         self.versions: dict[str, int] = {}  # node → how often its slices changed
         self.largest_gb = 0
 
@@ -322,27 +327,46 @@ class DynamicMps(_Dynamic):
             size = self.largest_gb
         return GpuRequest(mps_slice_resource_name(size), job.gpus)
 
-    stateful = True  # its slices change (`versions`) before the engine's view of the node does
-
     def agent_state(self, view: NodeView) -> int:
         return self.versions.get(view.name, 0)
 
     def reported_gpus(self, view: NodeView) -> list[ann.ReportedGpu]:
-        """Every slice, marked used when a running pod holds its device (`NodeView.held_mps`)."""
+        """Every slice, marked used when a running pod holds its device (`NodeView.held_mps`).
+
+        As for MIG, only the GPUs a pod started or ended on since the node's last report (or all of them, once its
+        slices changed) are built again; the others get their last `ReportedGpu` back (the same object)."""
         current = self.slices.setdefault(view.name, {})
-        held_by_gpu: dict[str, set[str]] = {}  # GPU UUID (or index) → slice names held on it
-        for device_id in view.held_mps:
-            held_by_gpu.setdefault(strip_replica(device_id), set()).add(device_id.rsplit("::", 1)[-1])
+        held, version = view.held_mps, self.versions.get(view.name, 0)
+        last = self._last_gpus.get(view.name)
+        parts = last[2] if last is not None and last[1] == version else {}
+        changed = {self._slice_of(device_id)[0] for device_id in (held ^ last[0] if last is not None else held)}
+        held_by_gpu: dict[str, set[str]] | None = None
         gpus = []
         for gpu in view.gpus:
-            held = held_by_gpu.get(gpu.uuid, set()) | held_by_gpu.get(str(gpu.index), set())
-            counters: Counter[int] = Counter()
-            slices = []
-            for gb in current.get(gpu.index, []):
-                slices.append((gb, f"mps-{gb}gb-{counters[gb]}" in held))
-                counters[gb] += 1
-            gpus.append(ann.ReportedGpu(gpu.index, view.model.key, slices=tuple(slices)))
+            part = parts.get(gpu.index)
+            if part is None or gpu.uuid in changed or str(gpu.index) in changed:
+                if held_by_gpu is None:  # GPU UUID (or index) → slice names held on it
+                    held_by_gpu = {}
+                    for device_id in held:
+                        where, name = self._slice_of(device_id)
+                        held_by_gpu.setdefault(where, set()).add(name)
+                on_gpu = held_by_gpu.get(gpu.uuid, set()) | held_by_gpu.get(str(gpu.index), set())
+                counters: Counter[int] = Counter()
+                slices = []
+                for gb in current.get(gpu.index, []):
+                    slices.append((gb, f"mps-{gb}gb-{counters[gb]}" in on_gpu))
+                    counters[gb] += 1
+                part = ann.ReportedGpu(gpu.index, view.model.key, slices=tuple(slices))
+            gpus.append(part)
+        self._last_gpus[view.name] = (held, version, {gpu.index: gpu for gpu in gpus})
         return gpus
+
+    def _slice_of(self, device_id: str) -> tuple[str, str]:
+        """An MPS slice's device ID → (its GPU's UUID or index, the slice's name), remembered."""
+        found = self._slices_of.get(device_id)
+        if found is None:
+            found = self._slices_of[device_id] = (strip_replica(device_id), device_id.rsplit("::", 1)[-1])
+        return found
 
     def change(self, sim: SimControl, view: NodeView, annotations: dict[str, str]) -> int:
         """Hand the new slices to the engine; a plan that would renumber a held slice's device is refused there."""
