@@ -194,3 +194,23 @@ def test_the_config_model_is_read_in_nvidia_shape(gpus: Any) -> None:
     listing = devices_by_resource(gpus(2), {}, config)
     assert {k: len(v) for k, v in listing.items()} == {"nvidia.com/gpu": 1, "nvidia.com/gpu.shared": 4}
     assert {d.mps_memory_mib for d in listing["nvidia.com/gpu.shared"]} == {8192}
+
+
+def test_device_lists_are_kept_per_gpu_and_follow_changes_in_place(node: Any) -> None:
+    # a node's lists are recomputed after every change of one GPU: the other GPUs' devices come back as the same
+    # objects, while a GPU or MIG device changed in place (same object, new field value) is listed anew
+    gs = [node.gpu(i, mig_enabled=True) for i in range(2)]
+    migs = {g.index: node.balanced(g) for g in gs}
+    config = cfg(flags={"migStrategy": "mixed"})
+    first = devices_by_resource(gs, migs, config)
+    again = devices_by_resource(gs, {0: migs[0], 1: migs[1][:1]}, config)
+    def on_gpu(listing: dict[str, list[Any]], index: int) -> list[Any]:
+        return [d for devices in listing.values() for d in devices if d.gpu_index == index]
+
+    assert len(on_gpu(again, 0)) == 4 and all(a is b for a, b in zip(on_gpu(first, 0), on_gpu(again, 0), strict=True))
+    assert [d.mig for d in on_gpu(again, 1)] == [migs[1][0]]
+    migs[0][0].profile_name = "4g.40gb"
+    gs[1].numa_node = 7
+    changed = devices_by_resource(gs, migs, config)
+    assert [d.mig is migs[0][0] for d in changed["nvidia.com/mig-4g.40gb"]] == [True]
+    assert {d.numa_node for d in changed["nvidia.com/mig-1g.10gb"] if d.gpu_index == 1} == {7}

@@ -42,3 +42,27 @@ def test_arguments_are_refused() -> None:
     with pytest.raises(ConfigError, match="takes no argument"):
         dra("x")
     assert isinstance(dra_dynamic_mig(None), DraDynamicMig)
+
+
+class _Forgetful(dict[tuple[str, object], frozenset[object]]):
+    """A no-fit memo that remembers nothing: every claim is tried on every node, the scheduler's plain first fit."""
+
+    def __setitem__(self, key: tuple[str, object], value: frozenset[object]) -> None:
+        pass
+
+
+def test_passing_over_full_nodes_changes_no_allocation() -> None:
+    # a node where a claim shape found no room is passed over while its devices in use are the same; the day must
+    # come out exactly as with every node tried for every claim
+    scenario = tiny_scenario(gpus=2, nodes=3, duration="2h")
+    jobs = [job(f"ci-{i}", arrival=20.0 * i, memory=float(4 + 9 * (i % 4)), runtime=600.0 + 60 * (i % 7))
+            for i in range(80)]
+    remembered = dra_dynamic_mig(None)
+    plain = dra_dynamic_mig(None)
+    plain._no_fit = _Forgetful()
+    with_memo = Simulation(scenario, remembered, jobs).run()
+    without = Simulation(scenario, plain, jobs).run()
+    assert remembered._no_fit  # the memo was used
+    assert with_memo.to_dict() == without.to_dict()
+    assert (remembered.claims_allocated, remembered.claims_failed) == (plain.claims_allocated, plain.claims_failed)
+    assert with_memo.pods_completed > 40

@@ -128,7 +128,7 @@ class DraDynamicMig(BaseStrategy):
                                  if gpu.index in coming[view.name]}
             per_node[view.name] = taken
             in_use |= taken
-        key = tuple(id(s) for s in parsed)
+        key = tuple(map(id, parsed))
         if self._allocator is None or self._allocator[0] != key:
             self._allocator = (key, Allocator(parsed, self.classes))
         return self._allocator[1], placements, in_use, per_node
