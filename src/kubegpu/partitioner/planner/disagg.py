@@ -20,7 +20,7 @@ from kubegpu.partitioner.planner.model import GpuPlan, Plan, mps_resource, pod_p
 from kubegpu.scheduling import NodeInfo, fits
 
 if TYPE_CHECKING:
-    from kubegpu.partitioner.planner.exact import Model
+    from kubegpu.partitioner.planner.columns import Model
     from kubegpu.partitioner.planner.greedy import Problem
 
 

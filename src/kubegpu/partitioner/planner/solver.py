@@ -26,22 +26,18 @@ Columns whose bounds meet are substituted into the rows, and the model goes to H
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import highspy
 import numpy as np
 import numpy.typing as npt
 
 from kubegpu.partitioner.planner.bounds import dual_bound, fixed_by_reduced_costs
+from kubegpu.partitioner.planner.highs import HighsLoader
 
 Vector = npt.NDArray[np.float64]
 _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixFormat, ObjSense and HighsVarType values
@@ -56,45 +52,6 @@ MAX_NODES = 100
 point on a busy machine and an idle one. The planner's integer programs prove at the root node (every one of a
 simulated day of 800 GPUs but one, and every state of the quality benchmark); the rare one that does not is a
 fragmentation tie-breaker HiGHS cannot close in minutes, and is left with its best plan and proven bound."""
-
-
-class HighsLoader:
-    """Builds silent `highspy.Highs` instances for one planner. HiGHS prints its banner on stdout when the first
-    instance of the process is built, which would corrupt `kubegpu plan -o json`: a loader's first construction runs
-    with file descriptor 1 pointed at /dev/null (a later loader's first one does too, harmlessly: the banner is
-    gone by then). Loading the library takes a second or so on a busy machine, so `warm_up` is called before a
-    plan's budget starts."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._quiet = False
-
-    def warm_up(self) -> None:
-        self.new()
-
-    def new(self) -> Any:
-        with self._lock:
-            if self._quiet:
-                highs = highspy.Highs()
-            else:
-                sys.stdout.flush()
-                saved = os.dup(1)
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, 1)
-                try:
-                    highs = highspy.Highs()
-                    highs.setOptionValue("output_flag", False)
-                    ctypes.CDLL(None).fflush(None)
-                finally:
-                    os.dup2(saved, 1)
-                    os.close(saved)
-                    os.close(devnull)
-                self._quiet = True
-        highs.setOptionValue("output_flag", False)
-        # one thread: the planner's programs are small and HiGHS's worker threads mostly spin (a fifth of a
-        # simulated day's plan CPU on 800 GPUs), taking cores from the controller that runs beside it
-        highs.setOptionValue("threads", 1)
-        return highs
 
 
 class Solver:
