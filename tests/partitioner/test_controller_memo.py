@@ -130,3 +130,23 @@ def test_a_controller_reading_changes_through_an_informer_decides_as_one_listing
     ticks, _, events = runs[1]
     assert sum(planned for planned, *_ in ticks) >= 2 and any(written for _, written, *_ in ticks)
     assert any(reason == "PartitioningSkipped" for reason, _ in events)  # the bad label, seen through changes
+
+
+def test_reports_read_with_a_memo_read_as_without_and_reuse_unchanged_gpus() -> None:
+    from kubegpu.partitioner.facts import ReportMemo, reported_gpus
+
+    def node_with(used: int, bad_gpu: bool = False) -> dict[str, Any]:
+        gpus = [ReportedGpu(i, "A100-SXM4-80GB", tuple((PlacedInstance(P1G, s), s < (used if i == 0 else 1))
+                                                       for s in range(7))) for i in range(3)]
+        annotations = status_annotations("mig", gpus, "7")
+        if bad_gpu:
+            annotations["kubegpu.io/status-gpu-2-layout"] = "9z.99gb@0"
+        return {"metadata": {"name": "n", "annotations": annotations}}
+
+    memo = ReportMemo()
+    first = reported_gpus(node_with(2), "mig", memo)
+    assert first == reported_gpus(node_with(2), "mig")
+    second = reported_gpus(node_with(3, bad_gpu=True), "mig", memo)
+    assert second == reported_gpus(node_with(3, bad_gpu=True), "mig") and len(second[1]) == 1
+    assert second[0][1] is first[0][1] and second[0][0] is not first[0][0]  # GPU 1 unchanged, GPU 0 read again
+    assert reported_gpus(node_with(3, bad_gpu=True), "mig", memo) == second  # the error remembered as well

@@ -152,8 +152,13 @@ def gpu_status_annotations(mode: str, gpu: ReportedGpu) -> dict[str, str]:
     return out
 
 
-def parse_status(annotations: Mapping[str, str], mode: str) -> tuple[list[ReportedGpu], list[str]]:
-    """GPUs as the agent reported them; GPUs whose report cannot be read are returned as error lines instead."""
+def parse_status(annotations: Mapping[str, str], mode: str,
+                 memo: dict[tuple[str, int, str, str, str], ReportedGpu | str] | None = None
+                 ) -> tuple[list[ReportedGpu], list[str]]:
+    """GPUs as the agent reported them; GPUs whose report cannot be read are returned as error lines instead.
+
+    `memo` (the caller's, kept between calls) remembers each GPU's reading by its annotations: a controller reads
+    the report again whenever one GPU of the node changed, and the others read as before."""
     gpus, errors = [], []
     for key, model_key in sorted(annotations.items()):
         m = _STATUS_MODEL.match(key)
@@ -162,6 +167,19 @@ def parse_status(annotations: Mapping[str, str], mode: str) -> tuple[list[Report
         index = int(m.group(1))
         base = f"{PREFIX}status-gpu-{index}"
         layout, used = annotations.get(f"{base}-layout", ""), annotations.get(f"{base}-layout-used", "")
+        if memo is not None:
+            remembered = (mode, index, model_key, layout, used)
+            found = memo.get(remembered)
+            if found is None:
+                if len(memo) > 100_000:
+                    memo.clear()
+                one, bad = parse_status({key: model_key, f"{base}-layout": layout, f"{base}-layout-used": used}, mode)
+                found = memo[remembered] = one[0] if one else bad[0]
+            if isinstance(found, str):
+                errors.append(found)
+            else:
+                gpus.append(found)
+            continue
         try:
             if mode == "mps":
                 sizes, used_sizes = _parse_sizes(layout, f"{base}-layout"), Counter(_parse_sizes(used, base))

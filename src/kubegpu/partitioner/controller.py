@@ -25,6 +25,7 @@ from kubegpu.partitioner.facts import (
     NodeFacts,
     ObjectIndex,
     PodFacts,
+    ReportMemo,
     VersionMemo,
     could_help,
     in_flight,
@@ -82,6 +83,7 @@ class PartitionerController:
     _bad_labels: dict[Key, tuple[dict[str, Any], str]] = field(default_factory=dict)
     _helping: dict[Key, tuple[dict[str, Any], PodFacts]] = field(default_factory=dict)  # pods a re-cut could help
     _bound: dict[str, dict[Key, dict[str, Any]]] = field(default_factory=dict)  # node → pods bound there
+    _report_memo: ReportMemo = field(default_factory=ReportMemo)
 
     def __post_init__(self) -> None:
         self._planner = Planner(self.planner, self.time_limit)
@@ -179,7 +181,7 @@ class PartitionerController:
         for node, node_seen in sorted(self._opted_in.values(), key=lambda n: n[0]["metadata"]["name"]):
             if node_seen.in_flight or node_seen.mode is None:
                 continue
-            gpus, errors = node_seen.report()
+            gpus, errors = node_seen.report(self._report_memo)
             for error in errors:
                 self._event_once(node, "PartitioningStatusInvalid", error)
             if gpus:

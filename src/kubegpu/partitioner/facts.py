@@ -62,21 +62,42 @@ def node_input(node: dict[str, Any], pods: Iterable[dict[str, Any]]) -> tuple[No
     return NodeInput(name=node["metadata"]["name"], mode=mode, node=node, gpus=gpus, pods=tuple(pods)), errors
 
 
-def reported_gpus(node: Mapping[str, Any], mode: str) -> tuple[tuple[GpuInput, ...], list[str]]:
+class ReportMemo:
+    """What reading agents' reports remembers between nodes and passes: each GPU's reading by its annotations
+    (`ann.parse_status`'s memo) and the planner's input made of it. A node's report is read again whenever one of
+    its GPUs changed; the others read as before."""
+
+    def __init__(self) -> None:
+        self.status: dict[tuple[str, int, str, str, str], ann.ReportedGpu | str] = {}
+        self.inputs: dict[int, tuple[ann.ReportedGpu, GpuInput]] = {}  # id of a remembered reading → its input
+
+
+def reported_gpus(node: Mapping[str, Any], mode: str, memo: ReportMemo | None = None
+                  ) -> tuple[tuple[GpuInput, ...], list[str]]:
     """The GPUs the agent reported in the node's status annotations, and the lines it could not read."""
     annotations = (node.get("metadata") or {}).get("annotations") or {}
-    reported, errors = ann.parse_status(annotations, mode)
+    reported, errors = ann.parse_status(annotations, mode, memo.status if memo is not None else None)
     gpus = []
     for gpu in reported:
+        if memo is not None:
+            found = memo.inputs.get(id(gpu))
+            if found is not None and found[0] is gpu:
+                gpus.append(found[1])
+                continue
         try:
             model = get_model(gpu.model_key)
         except NotFoundError:
             model = None
-        gpus.append(GpuInput(
+        made = GpuInput(
             index=gpu.index, model_key=gpu.model_key, model=model,
             instances=tuple(CurrentInstance(i.profile_id, i.start, used) for i, used in gpu.instances),
             slices=tuple(MpsSlice(gb, used) for gb, used in gpu.slices),
-        ))
+        )
+        if memo is not None:
+            if len(memo.inputs) > 100_000:
+                memo.inputs.clear()
+            memo.inputs[id(gpu)] = (gpu, made)
+        gpus.append(made)
     return tuple(gpus), errors
 
 
@@ -152,10 +173,10 @@ class NodeFacts:
         self.in_flight = in_flight(node)
         self._report: tuple[tuple[GpuInput, ...], list[str]] | None = None
 
-    def report(self) -> tuple[tuple[GpuInput, ...], list[str]]:
+    def report(self, memo: ReportMemo | None = None) -> tuple[tuple[GpuInput, ...], list[str]]:
         """The GPUs the agent reported and the lines it could not read (`reported_gpus`)."""
         if self._report is None:
-            self._report = reported_gpus(self.node, self.mode) if self.mode is not None else ((), [])
+            self._report = reported_gpus(self.node, self.mode, memo) if self.mode is not None else ((), [])
         return self._report
 
 

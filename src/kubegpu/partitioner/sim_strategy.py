@@ -339,17 +339,20 @@ class DynamicMps(_Dynamic):
         held, version = view.held_mps, self.versions.get(view.name, 0)
         last = self._last_gpus.get(view.name)
         parts = last[2] if last is not None and last[1] == version else {}
-        changed = {self._slice_of(device_id)[0] for device_id in (held ^ last[0] if last is not None else held)}
+        slice_of = self._slice_of
+        changed = {slice_of(device_id)[0] for device_id in (held ^ last[0] if last is not None else held)}
         held_by_gpu: dict[str, set[str]] | None = None
         gpus = []
         for gpu in view.gpus:
             part = parts.get(gpu.index)
             if part is None or gpu.uuid in changed or str(gpu.index) in changed:
-                if held_by_gpu is None:  # GPU UUID (or index) → slice names held on it
+                if held_by_gpu is None:  # GPU UUID (or index) → slice names held on it, for the GPUs rebuilt
                     held_by_gpu = {}
+                    rebuilt = changed if parts else None
                     for device_id in held:
-                        where, name = self._slice_of(device_id)
-                        held_by_gpu.setdefault(where, set()).add(name)
+                        where, name = slice_of(device_id)
+                        if rebuilt is None or where in rebuilt:
+                            held_by_gpu.setdefault(where, set()).add(name)
                 on_gpu = held_by_gpu.get(gpu.uuid, set()) | held_by_gpu.get(str(gpu.index), set())
                 counters: Counter[int] = Counter()
                 slices = []

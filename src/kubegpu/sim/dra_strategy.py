@@ -61,6 +61,7 @@ class DraDynamicMig(BaseStrategy):
         self._parsed: dict[str, tuple[object, list[ResourceSlice], dict[str, Placement]]] = {}
         self._allocator: tuple[tuple[int, ...], Allocator] | None = None
         self._last_failed: object = None
+        self._asks: dict[int, tuple[object, list[tuple[str, int]]]] = {}
         # node -> (its view, slices, placements, devices taken): what `_node_world` derived from that view
         self._held: dict[str, tuple[NodeView, list[ResourceSlice], dict[str, Placement], frozenset[DeviceId]]] = {}
         self._names: dict[tuple[str, int, int, int], str] = {}  # (model, GPU minor, profile id, start) -> device name
@@ -86,16 +87,25 @@ class DraDynamicMig(BaseStrategy):
 
     def on_tick(self, sim: SimControl) -> None:
         views = [v for v in sim.nodes() if v.ready and v.model.mig_capable]
+        by_name = {v.name: v for v in views}
         for key in list(self._coming):
-            view = _view(views, key[0])
+            view = by_name.get(key[0])
             if view is None or key[1] not in view.reconfiguring:
                 del self._coming[key]
         wanted: list[tuple[str, int]] = []
+        asks: dict[int, tuple[object, list[tuple[str, int]]]] = {}  # a pending pod's MIG asks, read once per pod
         for pod in sim.pending_pods():
-            for resource, amount in pod_requests(pod).items():
-                if resource.startswith(MIG_RESOURCE_PREFIX) and amount >= 1:
-                    wanted.append((resource, int(amount)))
-        supply = Counter({r: n for v in views for r, n in v.free.items() if r.startswith(MIG_RESOURCE_PREFIX)})
+            known = self._asks.get(id(pod))
+            if known is None or known[0] is not pod:
+                known = (pod, [(resource, int(amount)) for resource, amount in pod_requests(pod).items()
+                               if resource.startswith(MIG_RESOURCE_PREFIX) and amount >= 1])
+            asks[id(pod)] = known
+            wanted.extend(known[1])
+        self._asks = asks
+        free: dict[str, int] = {}
+        for view in views:  # per resource, the last node's free count (as this strategy has always counted it)
+            free.update(view.free)
+        supply = Counter({r: n for r, n in free.items() if r.startswith(MIG_RESOURCE_PREFIX)})
         supply.update(r for resources in self._coming.values() for r in resources)
         unmet = []
         for resource, amount in wanted:
@@ -221,8 +231,11 @@ class DraDynamicMig(BaseStrategy):
 
         Every pass asks this of every node; only a node with a free instance of a resource in surplus can have one
         to destroy (a free instance is one no running pod holds), so the others are passed over unread."""
+        live = [resource for resource, n in surplus.items() if n > 0]
         for view in views:
-            if not any(view.free.get(resource) for resource, n in surplus.items() if n > 0):
+            if not live:
+                break  # nothing left in surplus: no other node has anything to destroy
+            if not any(view.free.get(resource) for resource in live):
                 continue
             drop: dict[int, list[PlacedInstance]] = {}
             for gpu in view.gpus:
@@ -240,6 +253,7 @@ class DraDynamicMig(BaseStrategy):
                     drop[gpu.index] = keep
             if drop:
                 sim.set_mig_layout(view.name, dict(drop), delay=0.0)
+                live = [resource for resource, n in surplus.items() if n > 0]
 
 
 def _view(views: list[NodeView], name: str) -> NodeView | None:
