@@ -102,7 +102,7 @@ class DraDynamicMig(BaseStrategy):
             asks[id(pod)] = known
             wanted.extend(known[1])
         self._asks = asks
-        supply = Counter()  # free instances of each MIG resource, over every node
+        supply: Counter[str] = Counter()  # free instances of each MIG resource, over every node
         for view in views:
             supply.update({r: n for r, n in view.free.items() if r.startswith(MIG_RESOURCE_PREFIX)})
         supply.update(r for resources in self._coming.values() for r in resources)
