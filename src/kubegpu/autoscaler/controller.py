@@ -73,6 +73,9 @@ class Autoscaler:
         self.cluster = informed(cluster, [k for task in self.upkeep for k in task.kinds])
         self.state = ClusterState(self.cluster, clock, 2 * opts.batch_max)
         self.provider = provider
+        attach = getattr(provider, "attach", None)
+        if attach is not None and getattr(provider, "cluster", None) is cluster:
+            attach(self.cluster)   # the kwok provider's Node reads come from the informers, not a GET each pass
         self.clock = clock
         self.options = opts
         self.log = log or (lambda _line: None)

@@ -165,9 +165,12 @@ class Lifecycle:
         self.cluster.patch("NodeClaim", name_of(claim), {"status": merged}, subresource="status")
         return {**claim, "status": merged}
 
-    def _set(self, claim: dict[str, Any], kind: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
-        conditions = with_condition((claim.get("status") or {}).get("conditions") or [], kind, status, reason,
-                                    self.clock.now(), message)
+    def _set(self, claim: dict[str, Any], kind: str, status: str, reason: str, message: str = "",
+             also: tuple[tuple[str, str, str], ...] = ()) -> dict[str, Any]:
+        """Set condition `kind` (and the `also` ones: (kind, status, reason)) in one status write."""
+        conditions = (claim.get("status") or {}).get("conditions") or []
+        for each, value, why, text in ((kind, status, reason, message), *((k, v, r, "") for k, v, r in also)):
+            conditions = with_condition(conditions, each, value, why, self.clock.now(), text)
         if all(is_true({"status": {"conditions": conditions}}, k) for k in ("Launched", "Registered", "Initialized")):
             conditions = with_condition(conditions, "Ready", "True", "Ready", self.clock.now())
         return self._patch_status(claim, {"conditions": conditions})
@@ -194,16 +197,16 @@ class Lifecycle:
                 if age >= REGISTRATION_TIMEOUT:
                     self.log(f"nodeclaim {name_of(claim)}: not registered within 15m, deleting")
                     self.terminate(claim, "registration_timeout")
-                else:
-                    self._set(claim, "Registered", "False", "NodeNotFound")
+                elif (condition(claim, "Registered") or {}).get("reason") != "NodeNotFound":
+                    self._set(claim, "Registered", "False", "NodeNotFound")   # once, not a write every pass
                 return
             self._register(claim, node)
             return
         if not is_true(claim, "Initialized") and node is not None:
             blocker = initialization_blocker(claim, node)
             if blocker is None:
-                labels = {**((node.get("metadata") or {}).get("labels") or {}), L.INITIALIZED_LABEL: "true"}
-                self.cluster.patch("Node", node_name, {"metadata": {"labels": labels}})
+                # a merge patch: only the new label travels, the node's others stay
+                self.cluster.patch("Node", node_name, {"metadata": {"labels": {L.INITIALIZED_LABEL: "true"}}})
                 self._set(claim, "Initialized", "True", "Initialized")
             elif (condition(claim, "Initialized") or {}).get("reason") != blocker:
                 self._set(claim, "Initialized", "False", blocker)
@@ -241,8 +244,14 @@ class Lifecycle:
         self.cluster.patch("Node", name_of(node), {"metadata": {"labels": labels, "finalizers": finalizers},
                                                     "spec": {"taints": taints}})
         if (claim.get("status") or {}).get("nodeName") != name_of(node):
-            claim = self._patch_status(claim, {"nodeName": name_of(node)})
-        self._set(claim, "Registered", "True", "Registered")
+            claim = {**claim, "status": {**(claim.get("status") or {}), "nodeName": name_of(node)}}
+        # what still keeps the registered node from Initialized goes in the same status write (Karpenter's one
+        # patch per reconcile), so the next pass has nothing to write until the node is initialized
+        registered = {**node, "metadata": {**node_meta, "labels": labels}, "spec": {**node_spec, "taints": taints}}
+        blocker = initialization_blocker(claim, registered)
+        also = (("Initialized", "False", blocker),) if blocker is not None and \
+            (condition(claim, "Initialized") or {}).get("reason") != blocker else ()
+        self._set(claim, "Registered", "True", "Registered", also=also)
         if self.metrics is not None:
             self.metrics.nodes_created.labels(labels.get(L.NODEPOOL_LABEL, ""), labels.get(L.ZONE_LABEL, "")).inc()
 

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from kubegpu.kube import Cluster
 
 
+READY_STATUS: dict[str, Any] = {"phase": "Running",
+                                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+NOT_READY_STATUS: dict[str, Any] = {"phase": "Pending",
+                                    "conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
+
+
 class NodeClaimNotFoundError(NotFoundError):
     """The instance behind a NodeClaim is already gone (Delete is then a no-op for the caller)."""
 
@@ -157,6 +163,7 @@ class SimulatedProvider(InstanceListing):
         # the name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters
         node_name = f"kwok-{meta['name'][:63 - len('kwok--') - len(digest)]}-{digest}"
         provider_id = f"kwok://{node_name}"
+        ready = self.registration_delay <= 0   # no delay: the kubelet is Ready from the start (no status write later)
         backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config) \
             if it.gpu_model and it.gpu_count else None
         node_labels = {**labels, **it.labels, **offering.labels(), L.HOSTNAME_LABEL: node_name,
@@ -170,12 +177,11 @@ class SimulatedProvider(InstanceListing):
                                          "eks-node-viewer/instance-price": str(offering.price)}},
             "spec": {"providerID": provider_id, "taints": [dict(L.UNREGISTERED_TAINT)]},
             "status": {"capacity": quantities(capacity), "allocatable": quantities(allocatable),
-                       "conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}],
-                       "phase": "Pending"},
+                       **(READY_STATUS if ready else NOT_READY_STATUS)},
         }
         self.cluster.create(node)
         self.instances[provider_id] = _Instance(node_name, provider_id, meta["name"], self.clock.now(), backend,
-                                                labels, annotations)
+                                                labels, annotations, ready=ready)
         full = sharing_capacity(sharing, it)
         status = dict(nodeclaim.get("status") or {})
         status.update({"providerID": provider_id, "nodeName": node_name, "imageID": "kwok",
@@ -203,6 +209,12 @@ class SimulatedProvider(InstanceListing):
             for inst in due:
                 self._tick_one(inst)
 
+    def attach(self, cluster: Cluster) -> None:
+        """Read and write through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a
+        tick then reads each waiting Node from the informer's cache instead of GETting it from the API server every
+        pass, and a created Node is in the next pass's snapshot even before its watch event arrives."""
+        self.cluster = cluster
+
     def _tick_one(self, inst: _Instance) -> None:
         try:
             node = self.cluster.get("Node", inst.node_name)
@@ -210,14 +222,14 @@ class SimulatedProvider(InstanceListing):
             return
         status: dict[str, Any] = {}
         if not inst.ready:
-            status.update({"phase": "Running",
-                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
+            status.update(READY_STATUS)
         registered = not has_taint(node, L.UNREGISTERED_TAINT)
         if registered and inst.backend is not None:
             sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
             gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
-            status["allocatable"] = {**((node.get("status") or {}).get("allocatable") or {}), **gpu}
-            status["capacity"] = {**((node.get("status") or {}).get("capacity") or {}), **gpu}
+            # a merge patch: the maps' other entries (cpu, memory, pods) stay as they are on the server
+            status["allocatable"] = gpu
+            status["capacity"] = gpu
         if status:
             self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
         inst.ready, inst.published = True, registered
