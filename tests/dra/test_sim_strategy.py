@@ -66,3 +66,16 @@ def test_passing_over_full_nodes_changes_no_allocation() -> None:
     assert with_memo.to_dict() == without.to_dict()
     assert (remembered.claims_allocated, remembered.claims_failed) == (plain.claims_allocated, plain.claims_failed)
     assert with_memo.pods_completed > 40
+
+
+def test_every_free_instance_nobody_wants_is_destroyed_on_every_node() -> None:
+    # the driver's unprepare: once the short pods end, their instances go, whatever another node holds (the surplus
+    # is counted over every node, not read from the last node's free counts)
+    scenario = tiny_scenario(gpus=1, nodes=2, duration="1h")
+    short = [job(f"ci-{i}", arrival=0.0, memory=8.0, runtime=600.0) for i in range(7)]  # fill the first GPU
+    jobs = [*short, job("notebook-0", arrival=1.0, memory=8.0, runtime=20_000.0)]  # one more on the second node
+    sim = Simulation(scenario, dra_dynamic_mig(None), jobs)
+    result = sim.run()
+    assert result.pods_completed == 7
+    held = {view.name: [m for ms in view.mig.values() for m in ms] for view in sim.nodes()}
+    assert sorted(len(instances) for instances in held.values()) == [0, 1]  # only the running pod's instance is left

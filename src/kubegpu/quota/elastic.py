@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
@@ -45,11 +46,11 @@ class QuotaPod:
     bound: bool = False  # spec.nodeName set: it holds capacity on a node
     terminating: bool = False  # being deleted or evicted: its capacity is on its way back
 
-    @property
-    def key(self) -> str:
+    @cached_property
+    def key(self) -> str:  # cached: the simulator keeps a pod's view across passes and sorts by it every pass
         return f"{self.namespace}/{self.name}"
 
-    @property
+    @cached_property
     def memory(self) -> float:
         return float(self.amounts.get(GPU_MEMORY_RESOURCE, 0.0))
 
@@ -92,12 +93,24 @@ def team_usage(pods: Sequence[QuotaPod]) -> dict[str, dict[str, float]]:
 
 def decide(quotas: Sequence[TeamQuota], pods: Sequence[QuotaPod], capacity: float) -> Decision:
     """What to do now. `pods`: every unfinished GPU pod in the cluster (teams without a quota count against the
-    capacity too); `capacity`: the cluster's `kubegpu.io/gpu-memory`."""
+    capacity too); `capacity`: the cluster's `kubegpu.io/gpu-memory`.
+
+    One pass over `pods` gathers usage and the gated ones (the simulator calls this on every scheduling pass, over
+    thousands of pods)."""
     teams = {q.namespace: q for q in quotas}
-    used = team_usage(pods)
-    admitted = sum(p.memory for p in pods if not p.gated)
+    used: dict[str, dict[str, float]] = {}
+    admitted = 0.0
+    gated: list[QuotaPod] = []
+    for pod in pods:
+        if pod.gated:
+            if pod.namespace in teams:
+                gated.append(pod)
+        else:
+            _add(used.setdefault(pod.namespace, {}), pod.amounts)
+            admitted += pod.memory
     decision = Decision()
-    for pod in sorted((p for p in pods if p.gated and p.namespace in teams), key=lambda p: (p.created, p.key)):
+    gated.sort(key=lambda p: (p.created, p.key))
+    for pod in gated:
         team = teams[pod.namespace]
         mine = used.setdefault(pod.namespace, {})
         if _within(mine, pod.amounts, team.min):
@@ -117,15 +130,19 @@ def decide(quotas: Sequence[TeamQuota], pods: Sequence[QuotaPod], capacity: floa
 def _reclaim(teams: Mapping[str, TeamQuota], pods: Sequence[QuotaPod], used: Mapping[str, Mapping[str, float]],
              capacity: float) -> list[Eviction]:
     """Evictions that give a team within its `min` the room its unplaced pods wait for."""
-    held = sum(p.memory for p in pods if p.bound and not p.gated)  # terminating pods still hold until gone
-    returning = sum(p.memory for p in pods if p.bound and p.terminating)
+    held = 0.0  # terminating pods still hold until gone
+    returning = 0.0
     waiting: dict[str, float] = {}
+    within_min = {ns: _within(used.get(ns, {}), {}, team.min) for ns, team in teams.items()}
     for pod in pods:
-        team = teams.get(pod.namespace)
-        if (team is None or pod.gated or pod.bound or pod.terminating
-                or not _within(used.get(pod.namespace, {}), {}, team.min)):
+        if pod.bound and pod.terminating:
+            returning += pod.memory
+        if pod.gated:
             continue
-        waiting[pod.namespace] = waiting.get(pod.namespace, 0.0) + pod.memory
+        if pod.bound:
+            held += pod.memory
+        elif not pod.terminating and within_min.get(pod.namespace, False):
+            waiting[pod.namespace] = waiting.get(pod.namespace, 0.0) + pod.memory
     needed = sum(waiting.values()) - (capacity - held) - returning
     if needed <= 1e-6:
         return []

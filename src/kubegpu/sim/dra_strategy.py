@@ -102,10 +102,9 @@ class DraDynamicMig(BaseStrategy):
             asks[id(pod)] = known
             wanted.extend(known[1])
         self._asks = asks
-        free: dict[str, int] = {}
-        for view in views:  # per resource, the last node's free count (as this strategy has always counted it)
-            free.update(view.free)
-        supply = Counter({r: n for r, n in free.items() if r.startswith(MIG_RESOURCE_PREFIX)})
+        supply: Counter[str] = Counter()  # free instances of each MIG resource, over every node
+        for view in views:
+            supply.update({r: n for r, n in view.free.items() if r.startswith(MIG_RESOURCE_PREFIX)})
         supply.update(r for resources in self._coming.values() for r in resources)
         unmet = []
         for resource, amount in wanted:

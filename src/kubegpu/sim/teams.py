@@ -65,6 +65,7 @@ class TeamAccount:
     charges: dict[int, float] = field(default_factory=dict)
     admitted: dict[int, Attempt] = field(default_factory=dict)
     reclaims: dict[str, int] = field(default_factory=dict)
+    views: dict[int, TeamPod] = field(default_factory=dict)
 
     @classmethod
     def for_strategy(cls, teams: Sequence[TeamSpec], strategy: Any, model_keys: Sequence[str]) -> TeamAccount:
@@ -81,7 +82,16 @@ class TeamAccount:
     def hold(self, run: Attempt) -> None:
         self.held.append(run)
 
+    def _view(self, run: Attempt, gated: bool, bound: bool) -> TeamPod:
+        """The admission's view of a pod, kept while it is unchanged (every pass shows every unfinished pod)."""
+        view = self.views.get(id(run))
+        if view is None or view.gated != gated or view.bound != bound:
+            view = self.views[id(run)] = TeamPod(_key(run), run.job.namespace, self.charge(run), run.queued_at,
+                                                 gated, bound)
+        return view
+
     def stopped(self, run: Attempt) -> None:
+        self.views.pop(id(run), None)
         self.admitted.pop(id(run), None)
         self.charges.pop(id(run), None)
 
@@ -92,14 +102,16 @@ class TeamAccount:
         """(pods to let through, bound pods to evict) now."""
         if self.admission is None:
             return self._plain(), []
-        pods = [TeamPod(f"{id(r)}", r.job.namespace, self.charge(r), r.queued_at, True, False) for r in self.held]
-        pods += [TeamPod(f"{id(r)}", r.job.namespace, self.charge(r), r.queued_at, False, r.node is not None)
-                 for r in self.admitted.values()]
+        views = self.views
+        pods = [views.get(id(r)) or self._view(r, True, False) for r in self.held]  # a held pod's view never changes
+        pods += [self._view(r, False, r.node is not None) for r in self.admitted.values()]
         lift, evict = self.admission.decide(self.limits, pods, capacity)
-        lifted = set(lift)
-        released = [r for r in self.held if f"{id(r)}" in lifted]
-        victims = [r for r in self.admitted.values() if f"{id(r)}" in set(evict) and r.node is not None]
-        self._release(released)
+        lifted, evicted = set(lift), set(evict)
+        released = [r for r in self.held if views[id(r)].key in lifted] if lifted else []
+        victims = ([r for r in self.admitted.values() if views[id(r)].key in evicted and r.node is not None]
+                   if evicted else [])
+        if released:
+            self._release(released)
         for run in victims:
             self.reclaims[run.job.namespace] = self.reclaims.get(run.job.namespace, 0) + 1
         return released, victims
@@ -122,6 +134,12 @@ class TeamAccount:
         self.held = [r for r in self.held if id(r) not in chosen]
         for run in runs:
             self.admitted[id(run)] = run
+
+
+def _key(run: Attempt) -> str:
+    """A pod's key for the admission: its enqueue sequence, so ties in creation time break the same way every run
+    (an `id()` would break them by memory address) and in the order the plain quota uses."""
+    return f"{run.seq:012d}"
 
 
 def capacity_bytes(nodes: Sequence[Any]) -> float:
