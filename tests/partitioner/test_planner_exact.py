@@ -273,3 +273,46 @@ def test_controller_records_an_event_saying_the_plan_is_optimal() -> None:
 def test_controller_rejects_an_unknown_planner() -> None:
     with pytest.raises(ConfigError, match=r"^planner: must be one of exact, greedy, not 'fast'$"):
         PartitionerController(MemoryCluster(VirtualClock(0)), planner="fast")
+
+
+def test_nodes_alike_beyond_the_pods_that_may_go_there_are_left_out_of_a_node_level_model(
+        mig_node: MigNode, make_pod: MakePod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twelve empty A100 nodes alike and two pods (one asking two instances: node-level): two of them stay in the
+    supply, the others keep their layouts, and the plan is as good as the one over every node."""
+    from kubegpu.partitioner.planner import columns
+    from kubegpu.partitioner.planner.layouts import LayoutCache
+
+    nodes = [mig_node(f"n{k:02d}", [("A100-SXM4-80GB", []), ("A100-SXM4-80GB", [])]) for k in range(12)]
+    nodes.append(mig_node("z-busy", [("A100-SXM4-80GB", [("3g.40gb", 0, True)])]))
+    pods = [make_pod("pair", {"nvidia.com/mig-3g.40gb": 2}), make_pod("one", {"nvidia.com/mig-1g.10gb": 1})]
+    model = columns.build(prepare(nodes, pods), LayoutCache())
+    assert model.node_level and sorted(model.groups) == ["n00", "n01", "z-busy"]
+    result = plan(nodes, pods, time_limit=10)
+    assert plan_violations(nodes, pods, result) == [] and result.optimal and len(result.assignments) == 2
+    assert not any(result.nodes[f"n{k:02d}"].changed for k in range(2, 12))
+    monkeypatch.setattr(columns, "_surplus", lambda problem, eligible: [])
+    everything = plan(nodes, pods, time_limit=10)
+    assert everything.optimal and len(columns.build(prepare(nodes, pods), LayoutCache()).groups) == 13
+    assert plan_objective(prepare(nodes, pods), result) == plan_objective(prepare(nodes, pods), everything)
+
+
+def test_bound_pods_requests_are_parsed_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubegpu.partitioner.planner import model as planner_model
+
+    calls: list[str] = []
+    original = planner_model.pod_requests
+
+    def counted(pod: dict[str, Any]) -> dict[str, float]:
+        calls.append(pod["metadata"]["name"])
+        return original(pod)
+
+    monkeypatch.setattr(planner_model, "pod_requests", counted)
+    pod = {"metadata": {"name": "bound", "resourceVersion": "1"},
+           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
+    assert planner_model.bound_requests(pod)["cpu"] == 2.0
+    assert planner_model.bound_requests(pod)["cpu"] == 2.0 and calls == ["bound"]
+    pod["metadata"]["resourceVersion"] = "2"
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
+    assert planner_model.bound_requests(pod)["cpu"] == 3.0 and calls == ["bound", "bound"]
+    copy = {**pod, "metadata": {**pod["metadata"], "name": "copy"}}
+    assert planner_model.bound_requests(copy)["cpu"] == 3.0 and calls == ["bound", "bound", "copy"]

@@ -224,10 +224,18 @@ class Lifecycle:
         except KubegpuError as exc:
             self._set(claim, "Launched", "False", "LaunchFailed", str(exc))
             return
-        self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {"labels": launched["metadata"]["labels"]}})
+        labels = launched["metadata"]["labels"]
+        self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {"labels": labels}})
         status = dict(launched["status"])
         status["conditions"] = with_condition((claim.get("status") or {}).get("conditions") or [], "Launched",
                                               "True", "Launched", self.clock.now())
+        fresh = getattr(self.provider, "launched_node", None)
+        node = fresh(status.get("providerID") or "") if fresh is not None else None
+        if node is not None:   # the provider made the Node with the instance (kwok): register it now, and write
+            # Launched and Registered in one status write instead of one each, a pass apart
+            self._register({**claim, "metadata": {**(claim.get("metadata") or {}), "labels": labels},
+                            "status": {**(claim.get("status") or {}), **status}}, node)
+            return
         self._patch_status(claim, status)
 
     def _register(self, claim: dict[str, Any], node: dict[str, Any]) -> None:

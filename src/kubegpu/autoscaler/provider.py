@@ -146,6 +146,7 @@ class SimulatedProvider(InstanceListing):
         self.registration_delay = registration_delay
         self.parallelism = max(1, parallelism)   # nodes a tick updates at a time (the command: 16, as launches)
         self.instances: dict[str, _Instance] = {}
+        self._fresh: dict[str, dict[str, Any]] = {}   # providerID → the Node as created, until the lifecycle takes it
         self.create_calls = 0
 
     def instance_types(self, nodepool: NodePool) -> builtins.list[InstanceType]:
@@ -179,7 +180,7 @@ class SimulatedProvider(InstanceListing):
             "status": {"capacity": quantities(capacity), "allocatable": quantities(allocatable),
                        **(READY_STATUS if ready else NOT_READY_STATUS)},
         }
-        self.cluster.create(node)
+        self._fresh[provider_id] = self.cluster.create(node)
         self.instances[provider_id] = _Instance(node_name, provider_id, meta["name"], self.clock.now(), backend,
                                                 labels, annotations, ready=ready)
         full = sharing_capacity(sharing, it)
@@ -209,6 +210,11 @@ class SimulatedProvider(InstanceListing):
             for inst in due:
                 self._tick_one(inst)
 
+    def launched_node(self, provider_id: str) -> dict[str, Any] | None:
+        """The Node `create` made for `provider_id`, once (then forgotten): the lifecycle registers it in the pass
+        that launched it, as the Node exists already (a real instance's kubelet registers its Node later)."""
+        return self._fresh.pop(provider_id, None)
+
     def attach(self, cluster: Cluster) -> None:
         """Read and write through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a
         tick then reads each waiting Node from the informer's cache instead of GETting it from the API server every
@@ -237,6 +243,7 @@ class SimulatedProvider(InstanceListing):
     def delete(self, nodeclaim: dict[str, Any]) -> None:
         provider_id = (nodeclaim.get("status") or {}).get("providerID")
         inst = self.instances.pop(provider_id, None) if provider_id else None
+        self._fresh.pop(provider_id or "", None)
         if inst is None:
             raise NodeClaimNotFoundError(f"nodeclaim {nodeclaim['metadata']['name']}: instance already gone")
         try:

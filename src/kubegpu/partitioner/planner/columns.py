@@ -80,6 +80,10 @@ def build(problem: Problem, layouts: LayoutCache) -> Model:
     eligible = {problem.key(p): eligible_nodes(p, units, plannable, eligible_cache) for p, units in problem.candidates}
     node_level = _node_level(problem, eligible)
     groups, node_group = _supply_groups(plannable, list(eligible_cache.values()), node_level)
+    if node_level:
+        for name in _surplus(problem, eligible):
+            groups.pop(node_group[name])
+            node_group[name] = SURPLUS
     wanted_mig: set[str] = set()
     wanted_mps: set[int] = set()
     for _, units in problem.candidates:
@@ -126,6 +130,39 @@ def _node_level(problem: Problem, eligible: dict[str, list[str]]) -> bool:
         if any(amount > base.free(resource) + 1e-9 for resource, amount in totals.items()):
             return True
     return False
+
+
+SURPLUS = ""
+"""The supply group of a node left out of a node-level model's supply (`_surplus`): its GPUs stay in the model (they
+keep their layouts, a change would only cost churn), no pod is placed there."""
+
+
+def _surplus(problem: Problem, eligible: dict[str, list[str]]) -> list[str]:
+    """In a node-level model, the nodes no plan needs: of nodes alike in every respect the model sees (GPU layouts,
+    the pods that may go there, non-GPU allocatable and requests), at most as many as the pods that may go there can
+    host a pod, and any plan's placement maps onto the first that many (by name). Without this, 100 empty nodes alike
+    were 100 supply groups and a search HiGHS could not close in its node limit (fragmentation tie-breaker)."""
+    lists = {id(names): names for names in eligible.values()}
+    demand = Counter(id(eligible[problem.key(pod)]) for pod, _ in problem.candidates)
+    members = {key: set(names) for key, names in lists.items()}
+    alike: dict[tuple[Any, ...], list[str]] = {}
+    for name in sorted(problem.plannable):
+        state = problem.states[name]
+        where = tuple(key for key in lists if name in members[key])
+        gpus = tuple(sorted(_gpu_shape(gpu) for gpu in state.gpus))
+        key = (state.node.mode, where, gpus, tuple(sorted(state.base.allocatable.items())),
+               tuple(sorted(state.base.requested.items())))
+        alike.setdefault(key, []).append(name)
+    surplus: list[str] = []
+    for (_, where, *_rest), names in alike.items():
+        surplus += names[sum(demand[key] for key in where):]
+    return surplus
+
+
+def _gpu_shape(gpu: MigGpu | MpsGpu) -> tuple[Any, ...]:
+    if isinstance(gpu, MigGpu):
+        return ("mig", gpu.model.key, tuple(sorted(gpu.layout)), gpu.frozen)
+    return ("mps", gpu.model_key, gpu.capacity_gb, tuple(sorted(gpu.slices)), gpu.frozen)
 
 
 def _other_requests(requests: dict[str, float]) -> dict[str, float]:
@@ -235,6 +272,9 @@ def _mig_columns(problem: Problem, model: Model, wanted: set[str], supply: Suppl
 
 
 def _mps_columns(problem: Problem, model: Model, wanted: set[int], supply: Supply) -> None:
+    # the supply's columns gathered per (group, resource) and made one array each at the end: a pair of tiny arrays
+    # per slice column was most of this function's time on 800 GPUs (same columns, same order in every row)
+    offering: dict[tuple[str, str], list[int]] = defaultdict(list)
     for name, state in sorted(problem.states.items()):
         for gpu in state.gpus:
             if not isinstance(gpu, MpsGpu):
@@ -250,13 +290,18 @@ def _mps_columns(problem: Problem, model: Model, wanted: set[int], supply: Suppl
                     entry.keep[size] = model.solver.column(low, current[size], churn=-1)
                 if size in wanted and not gpu.frozen and size <= room:
                     entry.new[size] = model.solver.column(0, room // size, churn=1)
-                for column in (entry.keep.get(size), entry.new.get(size)):
-                    if column is not None and size in wanted:
-                        supply[(group, mps_resource(size))].append((np.array([column]), np.ones(1)))
+                if size in wanted:
+                    columns = offering[(group, mps_resource(size))]
+                    for column in (entry.keep.get(size), entry.new.get(size)):
+                        if column is not None:
+                            columns.append(column)
             sizes = [(c, float(s)) for s, c in entry.keep.items()] + [(c, float(s)) for s, c in entry.new.items()]
             if sizes:
                 model.solver.row(None, float(room), sizes)
             model.mps.append(entry)
+    for key, found in offering.items():
+        if found:
+            supply[key].append((np.array(found, dtype=np.int64), np.ones(len(found))))
 
 
 def _pod_columns(problem: Problem, model: Model, eligible: dict[str, list[str]], node_level: bool,
@@ -267,7 +312,7 @@ def _pod_columns(problem: Problem, model: Model, eligible: dict[str, list[str]],
         names = eligible[problem.key(pod)]
         places = by_list.get(id(names))
         if places is None:
-            places = by_list[id(names)] = tuple(sorted({model.node_group[n] for n in names}))
+            places = by_list[id(names)] = tuple(sorted({model.node_group[n] for n in names} - {SURPLUS}))
         other = tuple(sorted(_other_requests(problem.requirements(pod).requests).items())) if node_level else ()
         key = (units, pod_priority(pod), places, other)
         if key not in groups:

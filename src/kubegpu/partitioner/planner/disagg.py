@@ -53,13 +53,27 @@ def disaggregate(problem: Problem, model: Model, values: Sequence[float]
                                            created=created, destroyed=destroyed))
                 free[node].update(dict(offered))
     for mps in model.mps:
-        keep = Counter({size: round(values[col]) for size, col in mps.keep.items()})
-        new = Counter({size: round(values[col]) for size, col in mps.new.items()})
-        slices = Counter(mps.used) + keep + new
+        # plain dicts, not Counter arithmetic: this runs for every MPS GPU of every plan
+        offered_now: dict[int, int] = {}
+        destroyed = 0
+        for size, col in mps.keep.items():
+            n = int(taken[col])
+            destroyed += max(mps.current[size] - n, 0)
+            if n > 0:
+                offered_now[size] = n
+        created = 0
+        for size, col in mps.new.items():
+            n = int(taken[col])
+            if n > 0:
+                created += n
+                offered_now[size] = offered_now.get(size, 0) + n
+        slices = list(mps.used)
+        for size, n in offered_now.items():
+            slices += [size] * n
         plans[mps.node].append(GpuPlan(index=mps.index, model_key=keys[(mps.node, mps.index)],
-                                       slices=tuple(sorted(slices.elements())), created=sum(new.values()),
-                                       destroyed=sum((mps.current - keep).values())))
-        free[mps.node].update({mps_resource(size): n for size, n in (keep + new).items()})
+                                       slices=tuple(sorted(slices)), created=created, destroyed=destroyed))
+        if offered_now:
+            free[mps.node].update({mps_resource(size): n for size, n in offered_now.items()})
     views: dict[str, NodeInfo] = {}  # built when a pod first looks at the node
     assignments: dict[str, str] = {}
     # A node that cannot take a pod cannot take a later one asking the same (free capacity only shrinks, labels

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
-from kubegpu.scheduling import NodeInfo, fits, parse_quantity, pod_key
+from kubegpu.scheduling import NodeInfo, fits, parse_quantity, pod_key, pod_requests
 from kubegpu.sharing.names import mig_profile_of, mig_resource_name, mps_slice_resource_name, mps_slice_size_of
 
 Mode = Literal["mig", "mps"]
@@ -138,6 +138,26 @@ def mps_size(resource: str) -> int | None:
     return mps_slice_size_of(resource)
 
 
+_BOUND_MEMO: dict[int, tuple[Mapping[str, Any], Any, dict[str, float]]] = {}
+_BOUND_MEMO_SIZE = 200_000  # entries kept before the memo starts over (a fleet's bound pods, with room)
+
+
+def bound_requests(pod: Mapping[str, Any]) -> Mapping[str, float]:
+    """`pod_requests` of a pod bound to a node, memoised by the pod object's identity and resourceVersion: the
+    controller hands the planner the same bound-pod objects plan after plan, and parsing them all again was most of
+    a small plan's time on a large cluster. The memo holds the pod itself, so its id is not reused while cached;
+    an updated pod (new resourceVersion or a new object) is parsed again. Callers must not change the result."""
+    version = (pod.get("metadata") or {}).get("resourceVersion")
+    found = _BOUND_MEMO.get(id(pod))
+    if found is not None and found[0] is pod and found[1] == version:
+        return found[2]
+    requests = pod_requests(pod)
+    if len(_BOUND_MEMO) >= _BOUND_MEMO_SIZE:
+        _BOUND_MEMO.clear()
+    _BOUND_MEMO[id(pod)] = (pod, version, requests)
+    return requests
+
+
 def scheduling_view(node: NodeInput, gpus: Sequence[GpuPlan], used: Sequence[Mapping[str, int]]) -> NodeInfo:
     """A NodeInfo whose partition resources are the instances of `gpus` not in use.
 
@@ -165,7 +185,7 @@ def scheduling_view(node: NodeInput, gpus: Sequence[GpuPlan], used: Sequence[Map
             if not is_partition_resource(key):
                 info.allocatable[key] = parse_quantity(value)
     for pod in node.pods:
-        info.add_pod(pod)
+        info.add_pod(pod, bound_requests(pod))
     for key in [k for k in info.requested if is_partition_resource(k)]:
         del info.requested[key]  # bound pods hold the instances marked used, which allocatable already omits
     return info
