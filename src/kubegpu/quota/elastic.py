@@ -109,6 +109,12 @@ def decide(quotas: Sequence[TeamQuota], pods: Sequence[QuotaPod], capacity: floa
             _add(used.setdefault(pod.namespace, {}), pod.amounts)
             admitted += pod.memory
     decision = Decision()
+    missing = {pod.namespace for pod in gated} - used.keys()
+    for namespace in sorted(missing, key=lambda ns: min((p.created, p.key) for p in gated if p.namespace == ns)):
+        used[namespace] = {}  # as the loop below would add them: in the order of each team's first gated pod
+    blocked = _blocked(teams, gated, used, admitted, capacity)
+    if blocked:
+        gated = [pod for pod in gated if pod.namespace not in blocked]
     gated.sort(key=lambda p: (p.created, p.key))
     for pod in gated:
         team = teams[pod.namespace]
@@ -125,6 +131,32 @@ def decide(quotas: Sequence[TeamQuota], pods: Sequence[QuotaPod], capacity: floa
     decision.used = used
     decision.evict = _reclaim(teams, pods, used, capacity)
     return decision
+
+
+def _blocked(teams: Mapping[str, TeamQuota], gated: Sequence[QuotaPod], used: Mapping[str, Mapping[str, float]],
+             admitted: float, capacity: float) -> set[str]:
+    """Teams none of whose gated pods can go through this pass: even a pod asking the least of every resource its
+    gated pods ask for would take the team past its `min` and could not borrow. Usage only grows during a pass, so
+    the decision would skip each of them; leaving them out spares sorting and checking a long queue on every pass."""
+    least: dict[str, dict[str, float]] = {}
+    for pod in gated:
+        mine = least.get(pod.namespace)
+        if mine is None:
+            least[pod.namespace] = {name: float(pod.amounts.get(name, 0.0)) for name in RESOURCES}
+        else:
+            for name in RESOURCES:
+                amount = float(pod.amounts.get(name, 0.0))
+                if amount < mine[name]:
+                    mine[name] = amount
+    out = set()
+    for namespace, smallest in least.items():
+        team, usage = teams[namespace], used.get(namespace, {})
+        if _within(usage, smallest, team.min):
+            continue
+        if _within(usage, smallest, team.max) and admitted + smallest[GPU_MEMORY_RESOURCE] <= capacity + 1e-6:
+            continue
+        out.add(namespace)
+    return out
 
 
 def _reclaim(teams: Mapping[str, TeamQuota], pods: Sequence[QuotaPod], used: Mapping[str, Mapping[str, float]],
