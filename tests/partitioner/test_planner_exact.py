@@ -316,3 +316,22 @@ def test_bound_pods_requests_are_parsed_once_per_version(monkeypatch: pytest.Mon
     assert planner_model.bound_requests(pod)["cpu"] == 3.0 and calls == ["bound", "bound"]
     copy = {**pod, "metadata": {**pod["metadata"], "name": "copy"}}
     assert planner_model.bound_requests(copy)["cpu"] == 3.0 and calls == ["bound", "bound", "copy"]
+
+
+def test_a_nodes_base_view_is_rebuilt_only_when_its_pods_or_allocatable_change(mig_node: MigNode) -> None:
+    from dataclasses import replace
+
+    from kubegpu.partitioner.planner import model as planner_model
+
+    node = mig_node("n", [("A100-SXM4-80GB", [])])
+    node.node["status"] = {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "10"}}
+    pod = {"metadata": {"name": "bound", "resourceVersion": "1"},
+           "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
+    first = planner_model.base_view(replace(node, pods=(pod,)))
+    assert first.free("cpu") == 6.0
+    assert planner_model.base_view(replace(node, pods=(pod,))) is first  # a new NodeInput, the same objects
+    pod["metadata"]["resourceVersion"] = "2"
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
+    assert planner_model.base_view(replace(node, pods=(pod,))).free("cpu") == 5.0
+    node.node["status"]["allocatable"]["cpu"] = "4"
+    assert planner_model.base_view(replace(node, pods=(pod,))).free("cpu") == 1.0

@@ -30,8 +30,8 @@ from kubegpu.partitioner.planner.model import (
     NodeInput,
     NodePlan,
     Plan,
+    base_view,
     pod_priority,
-    scheduling_view,
 )
 from kubegpu.partitioner.planner.pods import Candidate, candidates, eligible_nodes, size_of, unschedulable_reason
 from kubegpu.scheduling import NodeInfo, PodRequirements, fits, pod_key, pod_requirements
@@ -206,7 +206,7 @@ def _initial_states(nodes: Sequence[NodeInput], cache: GpuCache
                 gpus.append(state)
             else:
                 errors.setdefault(node.name, []).append(_unchanged(gpu, error or "cannot be planned"))
-        states[node.name] = _NodeState(node, scheduling_view(node, [], []), tuple(gpus))
+        states[node.name] = _NodeState(node, base_view(node), tuple(gpus))
     return states, errors
 
 

@@ -158,6 +158,28 @@ def bound_requests(pod: Mapping[str, Any]) -> Mapping[str, float]:
     return requests
 
 
+_BASE_MEMO: dict[tuple[Any, ...], tuple[NodeInput, NodeInfo]] = {}
+_BASE_MEMO_SIZE = 20_000  # entries kept before the memo starts over (a fleet's nodes, with room for changes)
+
+
+def base_view(node: NodeInput) -> NodeInfo:
+    """`scheduling_view(node, [], [])`, memoised by the Node object, its allocatable and its bound pods (identity and
+    resourceVersion): the controller hands the planner the same objects plan after plan, and every plan rebuilt
+    every node's view. The memo holds the NodeInput it was made from, so the ids in its key are not reused while it
+    is cached. Shared: callers must copy before changing it (the planners only read it)."""
+    status_alloc = (node.node.get("status") or {}).get("allocatable")
+    key = (id(node.node), None if status_alloc is None else tuple(status_alloc.items()),
+           tuple((id(p), (p.get("metadata") or {}).get("resourceVersion")) for p in node.pods))
+    found = _BASE_MEMO.get(key)
+    if found is not None:
+        return found[1]
+    view = scheduling_view(node, [], [])
+    if len(_BASE_MEMO) >= _BASE_MEMO_SIZE:
+        _BASE_MEMO.clear()
+    _BASE_MEMO[key] = (node, view)
+    return view
+
+
 def scheduling_view(node: NodeInput, gpus: Sequence[GpuPlan], used: Sequence[Mapping[str, int]]) -> NodeInfo:
     """A NodeInfo whose partition resources are the instances of `gpus` not in use.
 
