@@ -77,7 +77,7 @@ class Accounting(SimCore):
     def _admit(self) -> None:
         """Teams: let held pods through their quota (and evict what an elastic quota reclaims) before binding."""
         assert self._teams is not None
-        released, victims = self._teams.step(capacity_bytes(list(self._nodes.values())))
+        released, victims = self._teams.step(lambda: capacity_bytes(list(self._nodes.values())))
         for run in released:
             heapq.heappush(self._queues.setdefault(run.request, []), (run.sort_key(), run))
         for run in victims:

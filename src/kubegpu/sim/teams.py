@@ -11,7 +11,7 @@ Per team the report shows GPU-hours, waits and reclaims.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,6 +66,9 @@ class TeamAccount:
     admitted: dict[int, Attempt] = field(default_factory=dict)
     reclaims: dict[str, int] = field(default_factory=dict)
     views: dict[int, TeamPod] = field(default_factory=dict)
+    in_use: dict[str, float] = field(default_factory=dict)  # per namespace, the charges of its admitted pods
+    changed: set[str] = field(default_factory=set)  # namespaces where a pod was held or an admitted one stopped
+    # since the plain quota last looked
 
     @classmethod
     def for_strategy(cls, teams: Sequence[TeamSpec], strategy: Any, model_keys: Sequence[str]) -> TeamAccount:
@@ -81,6 +84,7 @@ class TeamAccount:
 
     def hold(self, run: Attempt) -> None:
         self.held.append(run)
+        self.changed.add(run.job.namespace)
 
     def _view(self, run: Attempt, gated: bool, bound: bool) -> TeamPod:
         """The admission's view of a pod, kept while it is unchanged (every pass shows every unfinished pod)."""
@@ -92,20 +96,26 @@ class TeamAccount:
 
     def stopped(self, run: Attempt) -> None:
         self.views.pop(id(run), None)
-        self.admitted.pop(id(run), None)
+        if self.admitted.pop(id(run), None) is not None:
+            namespace = run.job.namespace
+            self.in_use[namespace] = self.in_use.get(namespace, 0.0) - self.charge(run)
+            self.changed.add(namespace)
         self.charges.pop(id(run), None)
 
     def used(self, namespace: str) -> float:
-        return sum(self.charge(r) for r in self.admitted.values() if r.job.namespace == namespace)
+        """Kept as pods are admitted and stop: charges are whole bytes, so the running sum is exact in doubles (a
+        cluster's GPU memory is far below 2**53 bytes) and equals summing the admitted pods afresh."""
+        return self.in_use.get(namespace, 0.0)
 
-    def step(self, capacity: float) -> tuple[list[Attempt], list[Attempt]]:
-        """(pods to let through, bound pods to evict) now."""
+    def step(self, capacity: Callable[[], float]) -> tuple[list[Attempt], list[Attempt]]:
+        """(pods to let through, bound pods to evict) now; `capacity` (the cluster's GPU memory) is asked only by an
+        elastic admission."""
         if self.admission is None:
             return self._plain(), []
         views = self.views
         pods = [views.get(id(r)) or self._view(r, True, False) for r in self.held]  # a held pod's view never changes
         pods += [self._view(r, False, r.node is not None) for r in self.admitted.values()]
-        lift, evict = self.admission.decide(self.limits, pods, capacity)
+        lift, evict = self.admission.decide(self.limits, pods, capacity())
         lifted, evicted = set(lift), set(evict)
         released = [r for r in self.held if views[id(r)].key in lifted] if lifted else []
         victims = ([r for r in self.admitted.values() if views[id(r)].key in evicted and r.node is not None]
@@ -117,11 +127,17 @@ class TeamAccount:
         return released, victims
 
     def _plain(self) -> list[Attempt]:
-        """A plain namespace ResourceQuota at each team's `max`: FIFO per team, a pod past it waits."""
+        """A plain namespace ResourceQuota at each team's `max`: FIFO per team, a pod past it waits. Every pod that
+        fits goes through at once, so until a pod is held or an admitted one stops, another look lets nothing
+        through: the simulator asks on every scheduling pass, and is answered without one. Teams are apart (each
+        its own cap), so only the held pods of a namespace where something changed are looked at again."""
+        if not self.changed:
+            return []
+        changed, self.changed = self.changed, set()
         caps = {t.namespace: t.max_bytes for t in self.limits}
         used = {t.namespace: self.used(t.namespace) for t in self.limits}
         released = []
-        for run in sorted(self.held, key=lambda r: (r.queued_at, r.seq)):
+        for run in sorted((r for r in self.held if r.job.namespace in changed), key=lambda r: (r.queued_at, r.seq)):
             cap = caps.get(run.job.namespace)
             if cap is None or used.get(run.job.namespace, 0.0) + self.charge(run) <= cap + 1e-6:
                 used[run.job.namespace] = used.get(run.job.namespace, 0.0) + self.charge(run)
@@ -134,6 +150,7 @@ class TeamAccount:
         self.held = [r for r in self.held if id(r) not in chosen]
         for run in runs:
             self.admitted[id(run)] = run
+            self.in_use[run.job.namespace] = self.in_use.get(run.job.namespace, 0.0) + self.charge(run)
 
 
 def _key(run: Attempt) -> str:
@@ -143,5 +160,14 @@ def _key(run: Attempt) -> str:
 
 
 def capacity_bytes(nodes: Sequence[Any]) -> float:
-    """The cluster's GPU memory in the charge's unit: every ready node's GPUs at their model's memory."""
-    return float(sum(model_memory_bytes(n.model) * len(n.gpus) for n in nodes if n.ready))
+    """The cluster's GPU memory in the charge's unit: every ready node's GPUs at their model's memory (worked out
+    once per model: a cluster has a few models and many nodes)."""
+    per_gpu: dict[str, int] = {}
+    total = 0
+    for node in nodes:
+        if node.ready:
+            key = node.model.key
+            if key not in per_gpu:
+                per_gpu[key] = model_memory_bytes(node.model)
+            total += per_gpu[key] * len(node.gpus)
+    return float(total)
