@@ -11,8 +11,10 @@ not care which one runs:
 
 Both work on the vocabulary in `model` (inputs, `Plan`, `plan_violations`), the pods' eligibility in `pods` and the
 per-GPU working states in `gpus`; the exact planner's columns come from `layouts`, its plan per GPU from `disagg`.
-Nothing is process-wide: what is remembered between plans (layout universes, GPU classes' options, placements,
-the HiGHS loader) belongs to the `Planner` object, so a controller keeps one and a one-shot `plan` starts clean.
+What is remembered between plans (layout universes, GPU classes' options, placements, the HiGHS loader) belongs to
+the `Planner` object, so a controller keeps one and a one-shot `plan` starts clean. The exceptions are two bounded
+memos in `model` (`bound_requests`, `base_view`) of what the caller's own Pod and Node objects parse to, keyed on
+their identity and resourceVersion: they can change no plan, only skip re-parsing (to move into the `Planner`).
 
 Objective, lexicographic, for both: (1) pods made schedulable, priority level by priority level, (2) fewest
 instances created plus destroyed, (3) least fragmentation. Instances in use are never moved; layouts are placed
