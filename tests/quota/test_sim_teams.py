@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.errors import ConfigError
+from kubegpu.scheduling import QUOTA_GATE
 from kubegpu.sim.engine import Simulation
 from kubegpu.sim.scenario import load_scenario, parse_scenario
 from kubegpu.sim.strategies import get_strategy, split_spec
@@ -62,3 +63,24 @@ def test_bad_teams_and_quota_without_teams_are_one_line_errors() -> None:
             parse_scenario({**base, "teams": teams}, "inline")
     with pytest.raises(ConfigError, match="quotas need the scenario's teams"):
         Simulation(parse_scenario(base, "inline"), get_strategy("exclusive+quota"), [])
+
+
+@pytest.mark.parametrize("strategy", ["exclusive", "exclusive+quota"])
+def test_held_pods_wait_behind_the_quota_gate_so_no_controller_acts_for_them(strategy: str) -> None:
+    # a held pod is in the cluster gated, as the quota's admission policy creates it (a plain ResourceQuota refuses
+    # it outright): the partitioner and the autoscaler pass over gated pods (test_elastic), so they never re-cut a
+    # GPU or buy a node for a pod its team's quota holds back; a pod let through has no gate left
+    data = {"cluster": {"nodeGroups": [{"name": "a", "count": 1, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 8,
+                                                   "pricePerHour": 1.0}]},
+            "workload": {"classes": [{"name": "t", "arrivalsPerHour": 30, "gpus": [1], "memoryGiB": [10, 20],
+                                      "compute": [0.5, 0.6], "runtime": ["1h", "2h"]}]},
+            "teams": [{"name": "capped", "min": "80Gi", "max": "160Gi", "share": 1.0}], "duration": "4h"}
+    scenario = parse_scenario(data, "inline")
+    simulation = Simulation(scenario, get_strategy(strategy), scenario_jobs(scenario))
+    simulation.run()
+    held = {run.name for run in simulation._teams.held.values()}
+    pods = {p["metadata"]["name"]: p for p in simulation.cluster.list("Pod")}
+    assert len(held) > 50
+    assert all(pods[name]["spec"]["schedulingGates"] == [{"name": QUOTA_GATE}] for name in held)
+    assert [name for name, pod in pods.items() if name not in held and pod["spec"].get("schedulingGates")] == []
+    assert len(pods) - len(held) == 2  # the two the quota lets run

@@ -23,8 +23,7 @@ from kubegpu.kube.eviction import evict_pod
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.quota.api import KIND, parse_elastic_quota
 from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
-from kubegpu.quota.policy import QUOTA_GATE
-from kubegpu.scheduling import is_finished, parse_quantity, pod_requests
+from kubegpu.scheduling import QUOTA_GATE, is_finished, parse_quantity, pod_requests
 from kubegpu.sharing.charges import quantity_of_bytes
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 

@@ -16,10 +16,12 @@ Rules (nos's semantics, with a scheduling gate instead of a scheduler plugin, so
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from kubegpu.quota.queue import INF, LARGEST, GatedQueue
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 RESOURCES = (GPU_MEMORY_RESOURCE, GPU_RESOURCE)
@@ -93,110 +95,204 @@ def team_usage(pods: Sequence[QuotaPod]) -> dict[str, dict[str, float]]:
 
 def decide(quotas: Sequence[TeamQuota], pods: Sequence[QuotaPod], capacity: float) -> Decision:
     """What to do now. `pods`: every unfinished GPU pod in the cluster (teams without a quota count against the
-    capacity too); `capacity`: the cluster's `kubegpu.io/gpu-memory`.
-
-    One pass over `pods` gathers usage and the gated ones (the simulator calls this on every scheduling pass, over
-    thousands of pods)."""
-    teams = {q.namespace: q for q in quotas}
-    used: dict[str, dict[str, float]] = {}
-    admitted = 0.0
-    gated: list[QuotaPod] = []
+    capacity too); `capacity`: the cluster's `kubegpu.io/gpu-memory`. A ledger of these pods, asked once."""
+    ledger = ElasticLedger(quotas)
     for pod in pods:
-        if pod.gated:
-            if pod.namespace in teams:
-                gated.append(pod)
-        else:
-            _add(used.setdefault(pod.namespace, {}), pod.amounts)
-            admitted += pod.memory
-    decision = Decision()
-    missing = {pod.namespace for pod in gated} - used.keys()
-    for namespace in sorted(missing, key=lambda ns: min((p.created, p.key) for p in gated if p.namespace == ns)):
-        used[namespace] = {}  # as the loop below would add them: in the order of each team's first gated pod
-    blocked = _blocked(teams, gated, used, admitted, capacity)
-    if blocked:
-        gated = [pod for pod in gated if pod.namespace not in blocked]
-    gated.sort(key=lambda p: (p.created, p.key))
-    for pod in gated:
-        team = teams[pod.namespace]
-        mine = used.setdefault(pod.namespace, {})
-        if _within(mine, pod.amounts, team.min):
-            pass
-        elif _within(mine, pod.amounts, team.max) and admitted + pod.memory <= capacity + 1e-6:
-            decision.borrowed.add(pod.key)
-        else:
-            continue
-        decision.lift.append(pod)
-        _add(mine, pod.amounts)
-        admitted += pod.memory
-    decision.used = used
-    decision.evict = _reclaim(teams, pods, used, capacity)
-    return decision
+        ledger.put(pod)
+    return ledger.decide(capacity)
 
 
-def _blocked(teams: Mapping[str, TeamQuota], gated: Sequence[QuotaPod], used: Mapping[str, Mapping[str, float]],
-             admitted: float, capacity: float) -> set[str]:
-    """Teams none of whose gated pods can go through this pass: even a pod asking the least of every resource its
-    gated pods ask for would take the team past its `min` and could not borrow. Usage only grows during a pass, so
-    the decision would skip each of them; leaving them out spares sorting and checking a long queue on every pass."""
-    least: dict[str, dict[str, float]] = {}
-    for pod in gated:
-        mine = least.get(pod.namespace)
-        if mine is None:
-            least[pod.namespace] = {name: float(pod.amounts.get(name, 0.0)) for name in RESOURCES}
-        else:
-            for name in RESOURCES:
-                amount = float(pod.amounts.get(name, 0.0))
-                if amount < mine[name]:
-                    mine[name] = amount
-    out = set()
-    for namespace, smallest in least.items():
-        team, usage = teams[namespace], used.get(namespace, {})
-        if _within(usage, smallest, team.min):
-            continue
-        if _within(usage, smallest, team.max) and admitted + smallest[GPU_MEMORY_RESOURCE] <= capacity + 1e-6:
-            continue
-        out.add(namespace)
-    return out
+class ElasticLedger:
+    """The decision's facts kept as pods come, change and go, so a caller that sees every change (the simulator,
+    asking on each of its scheduling passes) pays for the changes, not for every pod on every pass: each team's
+    usage, the capacity admitted and held, what waits unplaced, and each team's gated pods in a `GatedQueue`.
 
+    `decide` gives what `decide()` gives for the pods put and not removed. Sums kept as pods come and go equal sums
+    made afresh when amounts are whole numbers (bytes, GPUs), as a cluster's always are."""
 
-def _reclaim(teams: Mapping[str, TeamQuota], pods: Sequence[QuotaPod], used: Mapping[str, Mapping[str, float]],
-             capacity: float) -> list[Eviction]:
-    """Evictions that give a team within its `min` the room its unplaced pods wait for."""
-    held = 0.0  # terminating pods still hold until gone
-    returning = 0.0
-    waiting: dict[str, float] = {}
-    within_min = {ns: _within(used.get(ns, {}), {}, team.min) for ns, team in teams.items()}
-    for pod in pods:
+    def __init__(self, quotas: Sequence[TeamQuota]) -> None:
+        self.teams = {q.namespace: q for q in quotas}
+        self._pods: dict[str, QuotaPod] = {}
+        self._used: dict[str, dict[str, float]] = {}  # per namespace, its admitted (ungated) pods' amounts
+        self._counts: dict[tuple[str, str], int] = {}  # (namespace, resource) → admitted pods that name it
+        self._admitted = 0.0  # memory of every admitted pod
+        self._held = 0.0  # memory of admitted pods bound to a node
+        self._returning = 0.0  # memory of bound pods being deleted
+        self._waiting: dict[str, float] = {}  # per namespace, memory of admitted pods not yet placed
+        self._waiting_pods: dict[str, int] = {}  # ... and how many
+        self._bound: dict[str, dict[str, QuotaPod]] = {}  # per namespace, its bound pods that may be reclaimed
+        self._queues: dict[str, GatedQueue[QuotaPod]] = {}  # per team, its gated pods
+        self._version = 0
+        self._last: tuple[int, float, Decision] | None = None
+
+    def put(self, pod: QuotaPod) -> None:
+        """A new pod, or a pod's new state (by key)."""
+        if pod.key in self._pods:
+            self.remove(pod.key)
+        self._pods[pod.key] = pod
+        self._version += 1
+        self._count(pod, 1.0)
+
+    def remove(self, key: str) -> None:
+        pod = self._pods.pop(key, None)
+        if pod is not None:
+            self._version += 1
+            self._count(pod, -1.0)
+
+    def _count(self, pod: QuotaPod, sign: float) -> None:
+        namespace, memory = pod.namespace, pod.memory
         if pod.bound and pod.terminating:
-            returning += pod.memory
+            self._returning += sign * memory
         if pod.gated:
-            continue
+            if namespace in self.teams:
+                queue = self._queues.setdefault(namespace, GatedQueue())
+                if sign > 0:
+                    queue.add(pod.created, pod.key, memory, pod)
+                else:
+                    queue.remove(pod.key)
+            return
+        used = self._used.setdefault(namespace, {})
+        for name in RESOURCES:
+            if name in pod.amounts:
+                count = self._counts.get((namespace, name), 0) + int(sign)
+                used[name] = used.get(name, 0.0) + sign * float(pod.amounts[name])
+                if count:
+                    self._counts[namespace, name] = count
+                else:  # as a fresh sum would have it: no pod names it
+                    del self._counts[namespace, name], used[name]
+        if not used:
+            del self._used[namespace]
+        self._admitted += sign * memory
         if pod.bound:
-            held += pod.memory
-        elif not pod.terminating and within_min.get(pod.namespace, False):
-            waiting[pod.namespace] = waiting.get(pod.namespace, 0.0) + pod.memory
-    needed = sum(waiting.values()) - (capacity - held) - returning
-    if needed <= 1e-6:
-        return []
-    over = {ns: dict(amounts) for ns, amounts in used.items()
-            if ns in teams and not _within(amounts, {}, teams[ns].min)}
-    candidates = sorted((p for p in pods if p.namespace in over and p.bound and not p.gated and not p.terminating),
-                        key=lambda p: (-p.created, p.key))
-    out: list[Eviction] = []
-    for pod in candidates:
+            self._held += sign * memory
+            if not pod.terminating:
+                mine = self._bound.setdefault(namespace, {})
+                if sign > 0:
+                    mine[pod.key] = pod
+                else:
+                    mine.pop(pod.key, None)
+        elif not pod.terminating:
+            count = self._waiting_pods.get(namespace, 0) + int(sign)
+            if count:
+                self._waiting_pods[namespace] = count
+                self._waiting[namespace] = self._waiting.get(namespace, 0.0) + sign * memory
+            else:
+                del self._waiting_pods[namespace], self._waiting[namespace]
+
+    def decide(self, capacity: float) -> Decision:
+        if self._last is not None and self._last[:2] == (self._version, capacity) and not (
+                self._last[2].lift or self._last[2].evict):
+            return self._last[2]  # nothing changed since a decision that changed nothing
+        used = {namespace: dict(amounts) for namespace, amounts in self._used.items()}
+        heads = {ns: queue.first() for ns, queue in self._queues.items() if len(queue)}
+        for namespace in sorted(heads.keys() - used.keys(), key=lambda ns: self._queues[ns].order(heads[ns])):
+            used[namespace] = {}  # in the order of each team's oldest gated pod, as the walk would add them
+        decision = Decision(used=used)
+        self._lift(decision, used, capacity)
+        decision.evict = self._reclaim(used, capacity)
+        self._last = (self._version, capacity, decision)
+        return decision
+
+    def _lift(self, decision: Decision, used: dict[str, dict[str, float]], capacity: float) -> None:
+        """Gated pods oldest first (over every team), each let through if it still fits. Each team offers its next
+        pod that fits now; the oldest offer goes through, and a team's later offers only get harder (usage only
+        grows during a pass), so the pods skipped over would have been skipped by a walk over every one."""
+        admitted = self._admitted
+        offers: list[tuple[tuple[float, str], str, int]] = []
+        for namespace, queue in self._queues.items():
+            if not len(queue):
+                continue
+            at = self._next_fit(namespace, queue, 0, used[namespace], admitted, capacity)
+            if at >= 0:
+                offers.append((queue.order(at), namespace, at))
+        heapq.heapify(offers)
+        while offers:
+            _, namespace, at = heapq.heappop(offers)
+            queue, mine = self._queues[namespace], used[namespace]
+            pod = queue.item(at)
+            verdict = _fits(self.teams[namespace], mine, pod, admitted, capacity)
+            if verdict:
+                if verdict == _BORROW:
+                    decision.borrowed.add(pod.key)
+                decision.lift.append(pod)
+                _add(mine, pod.amounts)
+                admitted += pod.memory
+            at = self._next_fit(namespace, queue, at + 1, mine, admitted, capacity)
+            if at >= 0:
+                heapq.heappush(offers, (queue.order(at), namespace, at))
+
+    def _next_fit(self, namespace: str, queue: GatedQueue[QuotaPod], start: int, mine: Mapping[str, float],
+                  admitted: float, capacity: float) -> int:
+        """The team's first gated pod from `start` on that fits now, or -1. Where the team's quota names only GPU
+        memory, the queue skips every pod bigger than the room left (a little more than it, so that rounding never
+        skips one that fits); the exact test decides."""
+        team = self.teams[namespace]
+        at_most = _room(team, mine, admitted, capacity)
+        at = queue.first(start, at_most)
+        while at >= 0:
+            if _fits(team, mine, queue.item(at), admitted, capacity):
+                return at
+            at = queue.first(at + 1, at_most)
+        return -1
+
+    def _reclaim(self, used: Mapping[str, Mapping[str, float]], capacity: float) -> list[Eviction]:
+        """Evictions that give a team within its `min` the room its unplaced pods wait for."""
+        within_min = {ns: _within(used.get(ns, {}), {}, team.min) for ns, team in self.teams.items()}
+        waiting = {ns: memory for ns, memory in self._waiting.items() if within_min.get(ns, False)}
+        needed = sum(waiting.values()) - (capacity - self._held) - self._returning
         if needed <= 1e-6:
-            break
-        mine = over[pod.namespace]
-        after = {name: mine.get(name, 0.0) - float(pod.amounts.get(name, 0.0)) for name in mine}
-        team_min = teams[pod.namespace].min
-        if not all(after.get(name, 0.0) >= float(amount) - 1e-6 for name, amount in team_min.items()):
-            continue  # this pod is within the team's guarantee, not borrowed
-        over[pod.namespace] = after
-        needed -= pod.memory
-        for_teams = ", ".join(sorted(waiting))
-        out.append(Eviction(pod, f"reclaimed for team(s) {for_teams} below their ElasticQuota min: namespace "
-                                 f"{pod.namespace} borrows beyond its min ({_gib(mine)} used > {_gib(team_min)})"))
-    return out
+            return []
+        teams = self.teams
+        over = {ns: dict(amounts) for ns, amounts in used.items()
+                if ns in teams and not _within(amounts, {}, teams[ns].min)}
+        candidates = sorted((p for ns in over for p in self._bound.get(ns, {}).values()),
+                            key=lambda p: (-p.created, p.key))
+        out: list[Eviction] = []
+        for pod in candidates:
+            if needed <= 1e-6:
+                break
+            mine = over[pod.namespace]
+            after = {name: mine.get(name, 0.0) - float(pod.amounts.get(name, 0.0)) for name in mine}
+            team_min = teams[pod.namespace].min
+            if not all(after.get(name, 0.0) >= float(amount) - 1e-6 for name, amount in team_min.items()):
+                continue  # this pod is within the team's guarantee, not borrowed
+            over[pod.namespace] = after
+            needed -= pod.memory
+            for_teams = ", ".join(sorted(waiting))
+            out.append(Eviction(pod, f"reclaimed for team(s) {for_teams} below their ElasticQuota min: namespace "
+                                     f"{pod.namespace} borrows beyond its min ({_gib(mine)} used > {_gib(team_min)})"))
+        return out
+
+
+_WITHIN_MIN, _BORROW = 1, 2
+
+
+def _fits(team: TeamQuota, mine: Mapping[str, float], pod: QuotaPod, admitted: float, capacity: float) -> int:
+    """0 when `pod` cannot go through now; _WITHIN_MIN, or _BORROW when it borrows idle capacity beyond `min`."""
+    if _within(mine, pod.amounts, team.min):
+        return _WITHIN_MIN
+    if _within(mine, pod.amounts, team.max) and admitted + pod.memory <= capacity + 1e-6:
+        return _BORROW
+    return 0
+
+
+def _room(team: TeamQuota, mine: Mapping[str, float], admitted: float, capacity: float) -> float:
+    """The largest pod (in GPU memory) that may fit the team now, a little generously; no bound (the largest float)
+    where the quota names another resource too, since then size alone does not decide."""
+    limits = [team.min] if team.max is None else [team.min, team.max]
+    if any(name != GPU_MEMORY_RESOURCE for limit in limits for name in limit):
+        return LARGEST
+    used = mine.get(GPU_MEMORY_RESOURCE, 0.0)
+
+    def left(limit: Mapping[str, float] | None) -> float:
+        if limit is None or GPU_MEMORY_RESOURCE not in limit:
+            return INF
+        return float(limit[GPU_MEMORY_RESOURCE]) + 1e-6 - used
+
+    room = max(left(team.min), min(left(team.max), capacity + 1e-6 - admitted))
+    if room == INF:
+        return LARGEST
+    return room + 1.0 + 1e-9 * (abs(used) + abs(capacity) + abs(admitted) + abs(room))
 
 
 def _gib(amounts: Mapping[str, float]) -> str:

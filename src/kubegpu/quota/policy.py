@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubegpu.scheduling.pods import QUOTA_GATE
 from kubegpu.sharing.charges import (
     GIB,
     TABLE_DEFAULT_KEY,
@@ -40,7 +41,6 @@ NAMESPACE = "kubegpu"
 TABLE_NAME = "kubegpu-gpu-memory"
 CHARGE_POLICY = "kubegpu-gpu-memory"
 GATE_POLICY = "kubegpu-quota-gate"
-QUOTA_GATE = "kubegpu.io/quota"
 LABELS = {"app.kubernetes.io/part-of": "kubegpu", "app.kubernetes.io/component": "quota"}
 MAP_API = "admissionregistration.k8s.io/v1"
 

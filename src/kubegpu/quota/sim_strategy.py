@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kubegpu.quota.elastic import QuotaPod, TeamQuota, decide
+from kubegpu.quota.elastic import ElasticLedger, QuotaPod, TeamQuota
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 if TYPE_CHECKING:
@@ -17,43 +17,34 @@ if TYPE_CHECKING:
 
 
 class ElasticAdmission:
-    """`kubegpu.sim.teams.Admission` over the elastic-quota decision.
-
-    The simulator asks on every scheduling pass, over every unfinished pod; it keeps a pod's (immutable) view while
-    the pod is unchanged, so the `QuotaPod` views (and the quotas) are kept too and rebuilt only for a new view — the
-    decision itself still sees every pod, so its result is a fresh decision's."""
+    """`kubegpu.sim.teams.Admission` over the elastic-quota decision: an `ElasticLedger` told of each pod as the
+    simulator holds, admits, binds and stops it, so each scheduling pass's decision costs what changed, not every
+    unfinished pod (its answer is what `decide` over every pod gives: the ledger's tests prove it)."""
 
     def __init__(self) -> None:
-        self._teams: Sequence[TeamLimits] | None = None
-        self._quotas: list[TeamQuota] = []
-        self._views: dict[str, tuple[TeamPod, QuotaPod]] = {}
+        self._ledger = ElasticLedger([])
+        self._ledger_keys: dict[str, str] = {}  # the simulator's key → the ledger's (namespace/name)
 
-    def quotas(self, teams: Sequence[TeamLimits]) -> list[TeamQuota]:
-        if teams is not self._teams:
-            self._teams = teams
-            self._quotas = [TeamQuota(t.namespace, {GPU_MEMORY_RESOURCE: t.min_bytes},
-                                      {GPU_MEMORY_RESOURCE: t.max_bytes} if t.max_bytes is not None else None)
-                            for t in teams]
-        return self._quotas
+    def start(self, teams: Sequence[TeamLimits]) -> None:
+        """A new run with these teams: nothing held yet."""
+        self._ledger = ElasticLedger([TeamQuota(t.namespace, {GPU_MEMORY_RESOURCE: t.min_bytes},
+                                                {GPU_MEMORY_RESOURCE: t.max_bytes} if t.max_bytes is not None else None)
+                                      for t in teams])
+        self._ledger_keys = {}
 
-    def views(self, pods: Sequence[TeamPod]) -> list[QuotaPod]:
-        """The decision's view of each pod, the last pass's where the simulator hands the same (immutable) view."""
-        kept = self._views
-        out = []
-        for pod in pods:
-            cached = kept.get(pod.key)
-            if cached is None or cached[0] is not pod:
-                cached = kept[pod.key] = (pod, QuotaPod(pod.namespace, pod.key, {GPU_MEMORY_RESOURCE: pod.charge},
-                                                        pod.created, gated=pod.gated, bound=pod.bound))
-            out.append(cached[1])
-        if len(kept) > 2 * len(pods) + 64:  # forget finished pods now and then, not on every pass
-            keys = {pod.key for pod in pods}
-            self._views = {key: value for key, value in kept.items() if key in keys}
-        return out
+    def put(self, pod: TeamPod) -> None:
+        view = QuotaPod(pod.namespace, pod.key, {GPU_MEMORY_RESOURCE: pod.charge}, pod.created, gated=pod.gated,
+                        bound=pod.bound)
+        self._ledger_keys[pod.key] = view.key
+        self._ledger.put(view)
 
-    def decide(self, teams: Sequence[TeamLimits], pods: Sequence[TeamPod],
-               capacity: float) -> tuple[list[str], list[str]]:
-        decision = decide(self.quotas(teams), self.views(pods), capacity)
+    def remove(self, key: str) -> None:
+        ledger_key = self._ledger_keys.pop(key, None)
+        if ledger_key is not None:
+            self._ledger.remove(ledger_key)
+
+    def decide(self, capacity: float) -> tuple[list[str], list[str]]:
+        decision = self._ledger.decide(capacity)
         return [p.name for p in decision.lift], [e.pod.name for e in decision.evict]
 
 

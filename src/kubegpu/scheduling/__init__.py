@@ -26,12 +26,13 @@ from kubegpu.scheduling.fit import (
     pod_requirements,
     tolerates,
 )
-from kubegpu.scheduling.pods import is_finished, is_scheduling_gated, pod_key
+from kubegpu.scheduling.pods import QUOTA_GATE, is_finished, is_scheduling_gated, pod_key
 from kubegpu.scheduling.quantity import format_quantity, parse_quantities, parse_quantity
 from kubegpu.scheduling.requests import container_requests, pod_requests
 from kubegpu.scheduling.score import SCORERS, score_least_allocated, score_most_allocated, select_node
 
 __all__ = [
+    "QUOTA_GATE",
     "REASON_AFFINITY",
     "REASON_NODE_NAME",
     "REASON_TOO_MANY_PODS",

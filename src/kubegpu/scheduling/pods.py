@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+QUOTA_GATE = "kubegpu.io/quota"  # the scheduling gate a GPU pod waits behind for its team's quota (docs/quotas.md)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:

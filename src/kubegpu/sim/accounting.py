@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubegpu.gpu.catalog import GpuModel
-from kubegpu.scheduling import NodeInfo, PodRequirements, fits, pod_requirements, select_node
+from kubegpu.scheduling import QUOTA_GATE, NodeInfo, PodRequirements, fits, pod_requirements, select_node
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
@@ -63,7 +63,10 @@ class Accounting(SimCore):
         run = Attempt(job, attempt, ooms, name, request, now, next(self._seq), pod, requests,
                       pod_requirements(pod, requests))
         if self._teams is not None:
-            self._teams.hold(run)  # behind its team's quota until the admission step lets it through
+            # behind its team's quota until the admission step lets it through: gated, as the quota's admission
+            # policy creates it (a plain ResourceQuota refuses it instead), so no controller acts for it meanwhile
+            pod["spec"]["schedulingGates"] = [{"name": QUOTA_GATE}]
+            self._teams.hold(run)
         else:
             heapq.heappush(self._queues.setdefault(request, []), (run.sort_key(), run))
         self.metrics.queued(run)
@@ -77,11 +80,20 @@ class Accounting(SimCore):
     def _admit(self) -> None:
         """Teams: let held pods through their quota (and evict what an elastic quota reclaims) before binding."""
         assert self._teams is not None
-        released, victims = self._teams.step(lambda: capacity_bytes(list(self._nodes.values())))
+        released, victims = self._teams.step(self._capacity_bytes)
         for run in released:
             heapq.heappush(self._queues.setdefault(run.request, []), (run.sort_key(), run))
+            meta = run.pod["metadata"]
+            write_patch(self.cluster, "Pod", meta["name"], {"spec": {"schedulingGates": None}},
+                        namespace=meta["namespace"])
         for run in victims:
             self._stop(run, "evicted")  # comes back as a new pod, held again
+
+    def _capacity_bytes(self) -> float:
+        """The cluster's GPU memory, worked out again only when a node became ready or left."""
+        if self._capacity_memo[0] != self._fleet_version:
+            self._capacity_memo = (self._fleet_version, capacity_bytes(list(self._nodes.values())))
+        return self._capacity_memo[1]
 
     def _schedule(self) -> None:
         """One scheduling pass: bind pending pods in priority/FIFO order until every request shape stops fitting."""
@@ -182,6 +194,8 @@ class Accounting(SimCore):
         if getattr(self.strategy, "memory_shared", False):
             refresh_shares(self.strategy, run)
         self.metrics.started(run, now)
+        if self._teams is not None:
+            self._teams.bound(run)
         name, namespace = run.pod["metadata"]["name"], run.pod["metadata"]["namespace"]
         write_patch(self.cluster, "Pod", name, {"spec": {"nodeName": node.name}}, namespace=namespace)
         write_patch(self.cluster, "Pod", name, {"status": {"phase": "Running"}}, namespace=namespace,
@@ -289,7 +303,7 @@ class Accounting(SimCore):
         for queue in self._queues.values():
             for _, run in queue:
                 self.metrics.still_pending(run, now)
-        for run in self._teams.held if self._teams is not None else ():
+        for run in self._teams.held.values() if self._teams is not None else ():
             self.metrics.still_pending(run, now)
 
     def pending_pods(self) -> list[dict[str, Any]]:

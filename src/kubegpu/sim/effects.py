@@ -67,6 +67,7 @@ class ClusterEffects(SimCore):
         if self._nodes.get(node.name) is not node:  # removed while it was still provisioning
             return
         node.ready = True
+        self._fleet_version += 1
         self._rebuild_devices(node)
         self.cluster.create(node.obj)
 
@@ -306,6 +307,7 @@ class ClusterEffects(SimCore):
         node = self._node(name)
         self._evict(node, lambda run: True)
         node.ready = False
+        self._fleet_version += 1
         node.touch()
         del self._nodes[name]
         self.metrics.node_removed(name, self.clock.now())

@@ -82,6 +82,8 @@ class Simulation(ClusterEffects, Accounting):
         self._node_counter: dict[str, int] = {}
         self._queues: dict[GpuRequest, list[tuple[tuple[int, float, int], Attempt]]] = {}
         self._capacity_version: dict[str, int] = {}
+        self._fleet_version = 0
+        self._capacity_memo = (-1, 0.0)
         self._failed_at: dict[GpuRequest, int] = {}
         if self.scoring not in SCORERS:
             raise ConfigError(f"scoring policy {self.scoring!r} is not one of {', '.join(sorted(SCORERS))}")

@@ -44,10 +44,16 @@ class TeamPod:
 
 
 class Admission(Protocol):
-    """An elastic-quota decision: which held pods to let through, which bound pods to evict."""
+    """An elastic-quota decision kept up to date pod by pod: told of every pod as it is held, let through, bound and
+    stopped, and asked on every scheduling pass which held pods to let through and which bound pods to evict."""
 
-    def decide(self, teams: Sequence[TeamLimits], pods: Sequence[TeamPod],
-               capacity: float) -> tuple[list[str], list[str]]: ...
+    def start(self, teams: Sequence[TeamLimits]) -> None: ...
+
+    def put(self, pod: TeamPod) -> None: ...
+
+    def remove(self, key: str) -> None: ...
+
+    def decide(self, capacity: float) -> tuple[list[str], list[str]]: ...
 
 
 def team_limits(teams: Sequence[TeamSpec]) -> list[TeamLimits]:
@@ -61,14 +67,18 @@ class TeamAccount:
     limits: list[TeamLimits]
     table: ChargeTable
     admission: Admission | None
-    held: list[Attempt] = field(default_factory=list)
+    held: dict[int, Attempt] = field(default_factory=dict)  # id → pod, in the order they were held
     charges: dict[int, float] = field(default_factory=dict)
     admitted: dict[int, Attempt] = field(default_factory=dict)
     reclaims: dict[str, int] = field(default_factory=dict)
-    views: dict[int, TeamPod] = field(default_factory=dict)
+    keys: dict[str, Attempt] = field(default_factory=dict)  # the admission's key → pod (elastic only)
     in_use: dict[str, float] = field(default_factory=dict)  # per namespace, the charges of its admitted pods
     changed: set[str] = field(default_factory=set)  # namespaces where a pod was held or an admitted one stopped
     # since the plain quota last looked
+
+    def __post_init__(self) -> None:
+        if self.admission is not None:
+            self.admission.start(self.limits)
 
     @classmethod
     def for_strategy(cls, teams: Sequence[TeamSpec], strategy: Any, model_keys: Sequence[str]) -> TeamAccount:
@@ -83,19 +93,24 @@ class TeamAccount:
         return self.charges[id(run)]
 
     def hold(self, run: Attempt) -> None:
-        self.held.append(run)
+        self.held[id(run)] = run
         self.changed.add(run.job.namespace)
+        self._tell(run, gated=True, bound=False)
 
-    def _view(self, run: Attempt, gated: bool, bound: bool) -> TeamPod:
-        """The admission's view of a pod, kept while it is unchanged (every pass shows every unfinished pod)."""
-        view = self.views.get(id(run))
-        if view is None or view.gated != gated or view.bound != bound:
-            view = self.views[id(run)] = TeamPod(_key(run), run.job.namespace, self.charge(run), run.queued_at,
-                                                 gated, bound)
-        return view
+    def bound(self, run: Attempt) -> None:
+        """An admitted pod was bound to a node: it holds capacity now."""
+        self._tell(run, gated=False, bound=True)
+
+    def _tell(self, run: Attempt, gated: bool, bound: bool) -> None:
+        """The admission's view of a pod's new state."""
+        if self.admission is not None:
+            key = _key(run)
+            self.keys[key] = run
+            self.admission.put(TeamPod(key, run.job.namespace, self.charge(run), run.queued_at, gated, bound))
 
     def stopped(self, run: Attempt) -> None:
-        self.views.pop(id(run), None)
+        if self.admission is not None and self.keys.pop(_key(run), None) is not None:
+            self.admission.remove(_key(run))
         if self.admitted.pop(id(run), None) is not None:
             namespace = run.job.namespace
             self.in_use[namespace] = self.in_use.get(namespace, 0.0) - self.charge(run)
@@ -109,16 +124,13 @@ class TeamAccount:
 
     def step(self, capacity: Callable[[], float]) -> tuple[list[Attempt], list[Attempt]]:
         """(pods to let through, bound pods to evict) now; `capacity` (the cluster's GPU memory) is asked only by an
-        elastic admission."""
+        elastic admission, which has been told of every change since the last step."""
         if self.admission is None:
             return self._plain(), []
-        views = self.views
-        pods = [views.get(id(r)) or self._view(r, True, False) for r in self.held]  # a held pod's view never changes
-        pods += [self._view(r, False, r.node is not None) for r in self.admitted.values()]
-        lift, evict = self.admission.decide(self.limits, pods, capacity())
-        lifted, evicted = set(lift), set(evict)
-        released = [r for r in self.held if views[id(r)].key in lifted] if lifted else []
-        victims = ([r for r in self.admitted.values() if views[id(r)].key in evicted and r.node is not None]
+        lift, evict = self.admission.decide(capacity())
+        released = sorted((self.keys[key] for key in lift), key=lambda r: r.seq)  # in the order they were held
+        evicted = set(evict)
+        victims = ([r for r in self.admitted.values() if r.node is not None and _key(r) in evicted]
                    if evicted else [])
         if released:
             self._release(released)
@@ -137,7 +149,8 @@ class TeamAccount:
         caps = {t.namespace: t.max_bytes for t in self.limits}
         used = {t.namespace: self.used(t.namespace) for t in self.limits}
         released = []
-        for run in sorted((r for r in self.held if r.job.namespace in changed), key=lambda r: (r.queued_at, r.seq)):
+        for run in sorted((r for r in self.held.values() if r.job.namespace in changed),
+                          key=lambda r: (r.queued_at, r.seq)):
             cap = caps.get(run.job.namespace)
             if cap is None or used.get(run.job.namespace, 0.0) + self.charge(run) <= cap + 1e-6:
                 used[run.job.namespace] = used.get(run.job.namespace, 0.0) + self.charge(run)
@@ -146,11 +159,11 @@ class TeamAccount:
         return released
 
     def _release(self, runs: Sequence[Attempt]) -> None:
-        chosen = {id(r) for r in runs}
-        self.held = [r for r in self.held if id(r) not in chosen]
         for run in runs:
+            del self.held[id(run)]
             self.admitted[id(run)] = run
             self.in_use[run.job.namespace] = self.in_use.get(run.job.namespace, 0.0) + self.charge(run)
+            self._tell(run, gated=False, bound=False)
 
 
 def _key(run: Attempt) -> str:

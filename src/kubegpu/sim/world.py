@@ -190,6 +190,8 @@ class SimCore:
     _node_counter: dict[str, int]
     _queues: dict[GpuRequest, list[tuple[tuple[int, float, int], Attempt]]]
     _capacity_version: dict[str, int]
+    _fleet_version: int  # bumped when a node becomes ready or leaves (what the cluster's capacity counts)
+    _capacity_memo: tuple[int, float]  # (fleet version, the cluster's GPU memory then)
     _failed_at: dict[GpuRequest, int]
     _dirty: bool
     _teams: Any  # kubegpu.sim.teams.TeamAccount when the scenario has teams, else None
