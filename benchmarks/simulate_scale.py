@@ -5,9 +5,9 @@ target (below 1.0 means inside the target). `--quick` runs a tenth of the cluste
 every strategy of the default scenario plus the autoscaler's sharing variants (and any optional strategies that are
 registered, such as modifiers), one after another in this process, and prints one table: wall time, CPU time (the
 difference is other load on the machine) and the wall time's ratio to the target, with the machine's load average.
-Quota rows (`exclusive` under plain team quotas, `exclusive+quota` under elastic ones) run the same day with three
-teams (`--teams` does that for `--strategy`; a `+quota` strategy implies it): each guaranteed part of the cluster's
-GPU memory and allowed to borrow beyond it.
+Quota rows (`exclusive` under plain team quotas, `exclusive+quota` and `dynamic-mig+quota` under elastic ones) run
+the same day with three teams (`--teams` does that for `--strategy`; a `+quota` strategy implies it): each guaranteed
+part of the cluster's GPU memory and allowed to borrow beyond it.
 
     python benchmarks/simulate_scale.py [--quick] [--strategy time-slicing:4 | --all]
 """
@@ -71,7 +71,7 @@ def scale_teams(cluster_gib: int) -> list[dict[str, object]]:
 
 
 AUTOSCALER_VARIANTS = ("autoscaler:exclusive", "autoscaler:time-slicing-4", "autoscaler:mig-all-balanced")
-TEAM_ROWS = ("exclusive", "exclusive+quota")  # run on the scenario with teams
+TEAM_ROWS = ("exclusive", "exclusive+quota", "dynamic-mig+quota")  # run on the scenario with teams
 
 
 def all_strategies() -> list[str]:
