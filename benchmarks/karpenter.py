@@ -38,6 +38,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -123,26 +124,38 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def _whole(value: float) -> str:
+    return f"{value:.0f}" if value == value else "–"   # nan: not measured (files from before these fields)
+
+
 def _span(values: list[float]) -> str:
     return f"{min(values):.0f}–{max(values):.0f} s" if values else "–"
 
 
 def table(trials: list[Trial]) -> list[str]:
-    """Markdown: per size, kubegpu | Karpenter | kubegpu / Karpenter, means over the trials."""
+    """Markdown: per size, kubegpu | Karpenter | kubegpu / Karpenter, means over the trials; with several kubegpu
+    variants (`--kubegpu-args` given more than once), a kubegpu column and a ratio per variant."""
     sizes = sorted({t.pods for t in trials})
+    variants = list(dict.fromkeys(t.variant for t in trials if t.system == "kubegpu")) or [""]
     header, rule = "| |", "|---|"
     for size in sizes:
-        header += f" kubegpu {size:,} | Karpenter {size:,} | kubegpu / Karpenter |"
-        rule += "---|---|---|"
+        for variant in variants:
+            name = f"kubegpu{' ' + variant if variant else ''}"
+            header += f" {name} {size:,} |"
+            rule += "---|"
+        header += f" Karpenter {size:,} |" + "".join(
+            f" kubegpu{' ' + v if v else ''} / Karpenter |" for v in variants)
+        rule += "---|" * (1 + len(variants))
     rows = [header, rule]
 
     def row(label: str, cell: Callable[[list[Trial]], tuple[str, float]]) -> None:
         line = f"| {label} |"
         for size in sizes:
-            ours = cell([t for t in trials if t.pods == size and t.system == "kubegpu"])
+            ours = [cell([t for t in trials if t.pods == size and t.system == "kubegpu" and t.variant == v])
+                    for v in variants]
             theirs = cell([t for t in trials if t.pods == size and t.system == "karpenter"])
-            ratio = f"{ours[1] / theirs[1]:.2f}×" if theirs[1] and theirs[1] == theirs[1] else "–"
-            line += f" {ours[0]} | {theirs[0]} | {ratio} |"
+            ratios = [f"{o[1] / theirs[1]:.2f}×" if theirs[1] and theirs[1] == theirs[1] else "–" for o in ours]
+            line += "".join(f" {o[0]} |" for o in ours) + f" {theirs[0]} |" + "".join(f" {r} |" for r in ratios)
         rows.append(line)
 
     def timed(ts: list[Trial]) -> list[Trial]:
@@ -153,6 +166,10 @@ def table(trials: list[Trial]) -> list[str]:
                                                         _mean([t.all_bound_s for t in timed(ts)])))
     row("first pod bound after", lambda ts: (_span([t.first_bound_s for t in ts if t.first_bound_s > 0]),
                                              _mean([t.first_bound_s for t in ts])))
+    for label, attr in (("half the pods bound after (s)", "bound_p50_s"), ("9 in 10 bound after (s)", "bound_p90_s"),
+                        ("last used NodeClaim created after (s)", "last_claim_s")):
+        row(label, lambda ts, a=attr: (_whole(_mean([getattr(t, a) for t in ts])),   # type: ignore[misc]
+                                       _mean([getattr(t, a) for t in ts])))
     row("NodeClaims launched", lambda ts: (f"{_mean([t.launched for t in ts]):.0f}", _mean([t.launched for t in ts])))
     row("NodeClaims empty at the end", lambda ts: (f"{_mean([t.empty for t in ts]):.1f}",
                                                    _mean([t.empty for t in ts])))
@@ -206,6 +223,10 @@ def run_e2e(args: argparse.Namespace) -> int:
         sizes = []
     if not sizes or any(s <= 0 for s in sizes) or args.trials <= 0:
         raise SystemExit(f"error: --pods and --trials: positive whole numbers (got {args.pods!r}, {args.trials})")
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    if not systems or set(args.systems.split(",")) - set(SYSTEMS):
+        raise SystemExit(f"error: --systems: comma-separated, each one of {SYSTEMS} (got {args.systems!r})")
+    variants = [" ".join(shlex.split(v)) for v in args.kubegpu_args or [""]]
     binary = kwok_binary(CACHE, MODULE, VERSION)
     # SIGTERM (and SIGINT, which a shell's background job ignores otherwise) end the run through the trial's
     # `finally`: the autoscaler, the control plane and its directory go with it
@@ -225,11 +246,13 @@ def run_e2e(args: argparse.Namespace) -> int:
             f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}")
         for size in sizes:
             for index in range(args.trials):
-                for system in SYSTEMS:  # A/B/A/B
-                    say(f"{system}, {size} pods, trial {index + 1}/{args.trials}")
+                runs = [(s, v) for s in systems for v in (variants if s == "kubegpu" else [""])]
+                for system, variant in runs:  # A/B/A/B (A/A'/B/A/A'/B with two kubegpu variants)
+                    say(f"{system}{' ' + variant if variant else ''}, {size} pods, trial {index + 1}/{args.trials}")
                     timeout = args.timeout or 300.0 + 0.6 * size
                     trial = run_trial(system, size, args.cpu_share, types_file, binary, prices, timeout,
-                                      args.settle, keep, say)
+                                      args.settle, keep, say, shlex.split(variant))
+                    trial.variant = variant
                     trials.append(trial)
                     if args.json:  # after every trial, so a run cut short keeps what it measured
                         write_durable(args.json, json.dumps([dataclasses.asdict(t) for t in trials], indent=1))
@@ -260,6 +283,11 @@ def main() -> int:
     e2e.add_argument("--timeout", type=float, default=None, help="seconds a trial may take (default 300 + 0.6/pod)")
     e2e.add_argument("--keep-logs", default=None, help="copy each trial's component logs under this directory")
     e2e.add_argument("--json", default=None, help="write every trial's figures to this file as they come")
+    e2e.add_argument("--systems", default="kubegpu,karpenter",
+                     help="comma-separated autoscalers to run (default both, alternating); one alone to iterate")
+    e2e.add_argument("--kubegpu-args", action="append", default=None,
+                     help="further `kubegpu autoscaler` flags, e.g. '--node-cost 6'; given again, another kubegpu "
+                          "variant in the same A/B rotation (use '' for the defaults)")
     e2e.add_argument("--from-json", default=None, help="print the table from files --json wrote, comma-separated")
     args = parser.parse_args()
     if args.e2e:

@@ -18,6 +18,7 @@ Teardown after every trial: the autoscaler (SIGTERM, then SIGKILL), the control 
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +208,7 @@ def start_karpenter(real: RealCluster, directory: Path, types_file: Path, binary
     return launched
 
 
-def start_kubegpu(real: RealCluster, directory: Path, types_file: Path) -> Launched:
+def start_kubegpu(real: RealCluster, directory: Path, types_file: Path, extra: Sequence[str] = ()) -> Launched:
     install_crds(real, sorted((ROOT / "deploy" / "crds").glob("*.yaml")))
     real.admin.create({"apiVersion": "kubegpu.io/v1", "kind": "NodePool", "metadata": {"name": POOL},
                        "spec": {"template": {"spec": {"requirements": [
@@ -220,7 +221,7 @@ def start_kubegpu(real: RealCluster, directory: Path, types_file: Path) -> Launc
     log = directory / "logs" / "kubegpu-autoscaler.log"
     process = _spawn([sys.executable, "-m", "kubegpu", "autoscaler", "--provider", "kwok", "--instance-types",
                       str(types_file), "--registration-delay", "0", "--no-disruption", "--identity", "bench",
-                      "--metrics-address", f"127.0.0.1:{metrics}"], env, log)
+                      "--metrics-address", f"127.0.0.1:{metrics}", *extra], env, log)
     launched = Launched(process, KubegpuNodeClaim, log)
     try:
         _wait_http(f"http://127.0.0.1:{metrics}/metrics", process, "kubegpu autoscaler")
@@ -289,6 +290,12 @@ class Trial:
     rss_mib: float = 0.0
     plane_cpu: dict[str, float] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)
+    variant: str = ""   # the further `kubegpu autoscaler` flags this trial ran with (--kubegpu-args)
+    # seconds from the first pod create (API timestamps, whole seconds): when half and nine tenths of the pods were
+    # bound, and when the last NodeClaim that ended up used was created: where the time to bind every pod goes
+    bound_p50_s: float = float("nan")
+    bound_p90_s: float = float("nan")
+    last_claim_s: float = float("nan")
 
 
 def _create_all(clients: list[lightkube.Client], objects: list[Any], done: threading.Event,
@@ -322,7 +329,7 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
     objects = [codecs.from_dict(manifest) for manifest in pods]
     clients = [admin_client(real.kubeconfig) for _ in range(8)]
     _ = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE)]  # the list path once, before the threads
-    started = time.monotonic()
+    started, wall = time.monotonic(), time.time()
     creator = threading.Thread(target=_create_all, args=(clients, objects, created, errors), daemon=True)
     creator.start()
     deadline, next_claims = started + timeout, 0.0
@@ -357,12 +364,22 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
     trial.plane_cpu = plane_cpu(real.plane.directory)
     time.sleep(settle)  # what the autoscaler does right after the last bind (e.g. delete empty claims) counts
     all_pods = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE)]
+    binds = sorted(_stamp(c.get("lastTransitionTime")) - wall for p in all_pods
+                   for c in (p.get("status") or {}).get("conditions") or []
+                   if c.get("type") == "PodScheduled" and c.get("status") == "True")
+    if binds:
+        trial.bound_p50_s, trial.bound_p90_s = binds[len(binds) // 2], binds[min(len(binds) - 1, 9 * len(binds) // 10)]
     trial.lost = len(pods) - len(all_pods)
     used_nodes = {(p.get("spec") or {}).get("nodeName") for p in all_pods} - {None, ""}
     nodes = {n["metadata"]["name"]: n for n in (node.to_dict() for node in client.list(Node))}
     claims = [c.to_dict() for c in client.list(launched.claim_kind)]
     seen.update(c["metadata"]["name"] for c in claims)
     trial.launched, trial.claims = len(seen), len(claims)
+    for name, objects in (("pods", all_pods), ("nodeclaims", claims)):   # kept with the logs (--keep-logs)
+        write_durable(real.plane.directory / "logs" / f"{name}.json", json.dumps(objects))
+    used_claims = [_stamp(c["metadata"].get("creationTimestamp")) - wall for c in claims
+                   if (c.get("status") or {}).get("nodeName") in used_nodes]
+    trial.last_claim_s = max(used_claims, default=float("nan"))
     for claim in claims:
         node_name = (claim.get("status") or {}).get("nodeName")
         labels = {**((nodes.get(node_name) or {}).get("metadata", {}).get("labels") or {}),
@@ -377,9 +394,16 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
     trial.rss_mib = peak_rss_mib(launched.process.pid)
 
 
+def _stamp(text: str | None) -> float:
+    """An API timestamp (RFC 3339, UTC) as seconds since the epoch; nan when absent."""
+    if not text:
+        return float("nan")
+    return calendar.timegm(time.strptime(text.replace("Z", ""), "%Y-%m-%dT%H:%M:%S"))
+
+
 def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binary: Path | None,
               prices: dict[tuple[str, str, str], float], timeout: float, settle: float, keep: Path | None,
-              say: Callable[[str], None]) -> Trial:
+              say: Callable[[str], None], kubegpu_args: Sequence[str] = ()) -> Trial:
     """One fresh control plane, one autoscaler, one burst; everything torn down before returning."""
     trial = Trial(system, count)
     directory = Path(tempfile.mkdtemp(prefix=f"kubegpu-e2e-{system}-"))
@@ -395,7 +419,7 @@ def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binar
             assert binary is not None
             launched = start_karpenter(real, directory, types_file, binary)
         else:
-            launched = start_kubegpu(real, directory, types_file)
+            launched = start_kubegpu(real, directory, types_file, kubegpu_args)
         measure(real, launched, trial, burst(count, cpu_share), prices, timeout, settle, say)
     finally:
         if launched is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich.table import Table
 from kubegpu.autoscaler.api import NodePool, parse_nodepool
 from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_types, load_instance_types
 from kubegpu.autoscaler.provisioner import plan_summary, run_pass
-from kubegpu.autoscaler.scheduler import pod_problem
+from kubegpu.autoscaler.scheduler import NODE_COST, pod_problem
 from kubegpu.cliopts import (
     FORMATS,
     OptionError,
@@ -29,6 +30,20 @@ from kubegpu.cliopts import (
 from kubegpu.errors import ConfigError
 from kubegpu.files import parse_yaml_documents, read_text
 from kubegpu.scheduling import node_info, parse_quantities
+
+
+def _check_node_cost(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a non-negative number of $/h, got {value}")
+    return value
+
+
+def node_cost_option() -> Any:
+    """`--node-cost`: what each new node costs beyond its price, in the plan's objective (docs/autoscaler.md)."""
+    return typer.Option(NODE_COST, "--node-cost", callback=_check_node_cost,
+                        help="$/h each new node costs beyond its price (its DaemonSets, the control plane's work per "
+                             "node), weighed when sizing new nodes: fewer, bigger nodes where they cost little more. "
+                             "0: the cheapest plan.")
 
 
 def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -110,6 +125,7 @@ def provision_command(
     launch: bool = typer.Option(False, "--launch", help="Also launch the NodeClaims (--provider aws)."),
     cluster_name: str = typer.Option("kubegpu", "--cluster-name", help="Cluster name in the launch tags (aws)."),
     isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
+    node_cost: float = node_cost_option(),
 ) -> None:
     """Run one provisioning pass offline: which NodeClaims Karpenter-style provisioning would create, and why not."""
     from kubegpu.autoscaler.aws.cli import check_provider  # no boto3 import: kwok works without the extra
@@ -146,7 +162,7 @@ def provision_command(
                               f"among the --nodes")
     infos = [node_info(n, bound.get(n["metadata"]["name"], [])) for n in existing_nodes]
     result = run_pass(pools, aws.instance_types if aws else lambda _pool: types, pending, infos,
-                      not_ready=aws.pool_not_ready if aws else None)
+                      not_ready=aws.pool_not_ready if aws else None, node_cost=node_cost)
     summary = plan_summary(result)
     if aws is not None and launch:
         from kubegpu.autoscaler.aws.cli import launch as launch_claims
@@ -210,6 +226,7 @@ def autoscaler_command(
     cluster_name: str = typer.Option("kubegpu", "--cluster-name", envvar="CLUSTER_NAME",
                                      help="Cluster name in the launch tags (aws)."),
     isolated_vpc: bool = typer.Option(False, "--isolated-vpc", help="No Pricing API: use the shipped price table."),
+    node_cost: float = node_cost_option(),
 ) -> None:
     """Run the GPU-aware autoscaler against the cluster (kubeconfig or in-cluster).
 
@@ -239,7 +256,8 @@ def autoscaler_command(
     console = Console(stderr=True)
     cluster = LightkubeCluster()
     clock = RealClock()
-    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption, parallelism=16)
+    options = Options(batch_idle=batch_idle, batch_max=batch_max, disruption=disruption, parallelism=16,
+                      node_cost=node_cost)
     elector = LeaderElector(cluster, identity or socket.gethostname(), LEASE_NAME, namespace=lease_namespace,
                             lease_duration=lease_duration)
     scaler: Autoscaler

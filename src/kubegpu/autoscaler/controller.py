@@ -52,6 +52,7 @@ class Options:
     evict_pods: bool = True   # drain through the cluster (False: the provider's delete evicts, as the simulator's)
     parallelism: int = 1      # NodeClaim creations, launches and registrations at a time (the command: 16)
     surplus_grace: float = 3.0   # an unused NodeClaim bought for pods that landed elsewhere goes after this long
+    node_cost: float = 0.0       # $/h each new node costs beyond its price, in the plan's objective (see run_pass)
 
 
 class Upkeep(Protocol):
@@ -81,7 +82,7 @@ class Autoscaler:
         self.log = log or (lambda _line: None)
         self.provisioner = Provisioner(self.cluster, provider, clock, opts.batch_idle, opts.batch_max, self.log,
                                        state=self.state, parallelism=opts.parallelism,
-                                       surplus_grace=opts.surplus_grace)
+                                       surplus_grace=opts.surplus_grace, node_cost=opts.node_cost)
         self.termination = Termination(self.cluster, provider, clock, self.log, opts.evict_pods, state=self.state,
                                        parallelism=opts.parallelism)
         self.lifecycle = Lifecycle(self.cluster, provider, clock, self.termination.start, self.log,

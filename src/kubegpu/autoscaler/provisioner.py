@@ -193,13 +193,15 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
              pending: Sequence[dict[str, Any]], existing: Sequence[NodeInfo] = (),
              daemonsets: Sequence[dict[str, Any]] = (), usage: Mapping[str, Mapping[str, float]] | None = None,
              capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue"),
-             not_ready: Callable[[NodePool], str | None] | None = None) -> SchedulingResult:
+             not_ready: Callable[[NodePool], str | None] | None = None, node_cost: float = 0.0) -> SchedulingResult:
     """One scheduling pass (pure): used by the controller, `kubegpu provision`, consolidation and the benchmark.
 
     The pass runs once per NodeClaim sizing rule and keeps the result that leaves the fewest pods unschedulable,
     then costs least: sizing for the identical pods at hand wins on large uniform batches, sizing for the whole
-    queue on small mixed ones, and a pass is cheap enough to try both. A pool that `not_ready` gives a reason for
-    (its provider's NodeClass is not ready) launches nothing, and pods left unschedulable are told that reason.
+    queue on small mixed ones, and a pass is cheap enough to try both. `node_cost` ($/h per new node beyond its
+    price) counts in both the sizing of new claims and that comparison; the plan's `cost` stays the price. A pool
+    that `not_ready` gives a reason for (its provider's NodeClass is not ready) launches nothing, and pods left
+    unschedulable are told that reason.
     """
     model = capacity or CapacityModel()
     types: dict[str, Sequence[InstanceType]] = {}
@@ -213,9 +215,10 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
     best: SchedulingResult | None = None
     for sizing in sizings:
         scheduler = Scheduler(pools, types, [_copy_info(i) for i in existing], daemonsets, usage,
-                              capacity_fn=model, sizing=sizing)
+                              capacity_fn=model, sizing=sizing, node_cost=node_cost)
         result = scheduler.solve(pending)
-        if best is None or (len(result.unschedulable), result.cost) < (len(best.unschedulable), best.cost):
+        if best is None or (len(result.unschedulable), result.cost + node_cost * len(result.claims)) < \
+                (len(best.unschedulable), best.cost + node_cost * len(best.claims)):
             best = result
     assert best is not None
     if unready:
@@ -236,11 +239,12 @@ class Provisioner:
 
     def __init__(self, cluster: Cluster, provider: CloudProvider, clock: Clock, batch_idle: float = 1.0,
                  batch_max: float = 10.0, log: Log | None = None, state: ClusterState | None = None,
-                 parallelism: int = 1, surplus_grace: float = 3.0) -> None:
+                 parallelism: int = 1, surplus_grace: float = 3.0, node_cost: float = 0.0) -> None:
         self.state = state or ClusterState(informed(cluster), clock, 2 * batch_max)
         self.cluster = self.state.cluster
         self.provider = provider
         self.parallelism = max(1, parallelism)
+        self.node_cost = node_cost           # $/h a node costs beyond its price, in the plan's objective (run_pass)
         self.clock = clock
         self.batcher = Batcher(window=batch_max, idle=batch_idle)
         self.log = log or (lambda _line: None)
@@ -292,6 +296,9 @@ class Provisioner:
         self.state.reset_nominations()
         for node_name, pods in result.existing.items():
             self.state.nominate(node_name.removeprefix("nodeclaim/"), (pod_key(p) for p in pods), now)
+        if result.claims:   # as Karpenter's "computed new nodeclaim(s) to fit pod(s)"
+            self.log(f"computed {len(result.claims)} new nodeclaims (${result.cost:,.2f}/h) for "
+                     f"{sum(len(c.pods) for c in result.claims)} of {len(pending)} pending pods")
         self._create_claims(result, snapshot, now)
         self._remove_surplus(snapshot, set(result.existing), now, pending)
         self._report_unschedulable(result)
@@ -355,7 +362,7 @@ class Provisioner:
             kept, pending = keep_nominated(infos, pending, self.state.nominations_view(), aliases)
         result = run_pass(pools, self.provider.instance_types, pending, infos,
                           snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
-                          not_ready=getattr(self.provider, "pool_not_ready", None))
+                          not_ready=getattr(self.provider, "pool_not_ready", None), node_cost=self.node_cost)
         for name, pods in kept.items():
             result.existing.setdefault(name, []).extend(pods)
         return result

@@ -10,8 +10,11 @@ Two things make it fast and cheap: consecutive identical pods are placed as one 
 arithmetic, not a loop of fit checks), and instance-type narrowing is numpy over a types × resources matrix.
 Where Karpenter opens a NodeClaim with every type and ends up on the largest, we cap a new NodeClaim's price at
 the type with the lowest price per pod for the pods waiting in its group, which is what keeps the bill near the
-LP lower bound (see benchmarks/provisioning.py). Pods with topology spread or required pod affinity (topology.py)
-are placed one at a time, since each placement moves the counts the next one is judged by. Pure: no clock, no I/O.
+LP lower bound (see benchmarks/provisioning.py). A `node_cost` adds what each node costs beyond its price (its
+DaemonSet pods, the control plane's and the scheduler's work per node) to that price per pod, so a bigger type wins
+where its price per pod is only a little higher: fewer nodes for a small premium. Pods with topology spread or
+required pod affinity (topology.py) are placed one at a time, since each placement moves the counts the next one is
+judged by. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ __all__ = ["GPU_PREFIX", "CapacityFn", "ClaimPlan", "Scheduler", "SchedulingResu
 # How a new NodeClaim's price is capped when it opens: at the type with the lowest price per pod for the identical
 # pods waiting ("group") or for every pod still queued ("queue"), or not at all ("largest", Karpenter's behaviour).
 SIZINGS = ("group", "queue", "largest")
+# The `kubegpu autoscaler --node-cost` default, $/h per node (see the module docstring and docs/autoscaler.md).
+NODE_COST = 1.0
 
 
 class Scheduler:
@@ -74,10 +79,14 @@ class Scheduler:
         usage: Mapping[str, Mapping[str, float]] | None = None,
         capacity_fn: CapacityFn = default_capacity,
         sizing: str = "group",
+        node_cost: float = 0.0,
     ) -> None:
         if sizing not in SIZINGS:
             raise ValueError(f"sizing must be one of {SIZINGS}")
+        if not node_cost >= 0.0:
+            raise ValueError("node_cost must be a non-negative number")
         self.sizing = sizing
+        self.node_cost = node_cost   # $/h a node costs beyond its price, when choosing a new claim's size
         self.existing = list(existing)
         pools = sorted(nodepools, key=lambda p: (-p.weight, p.name))
         names: set[str] = {"cpu", "memory", "pods"}
@@ -449,7 +458,8 @@ class Scheduler:
                 cap = math.inf
             else:
                 limit = waiting if self.sizing == "group" else max(waiting, self._queued)
-                per_pod = np.where(usable, prices / np.maximum(np.minimum(counts, limit), 1), np.inf)
+                per_pod = np.where(usable, (prices + self.node_cost) / np.maximum(np.minimum(counts, limit), 1),
+                                   np.inf)
                 cap = float(prices[int(np.argmin(per_pod))])
             cand = np.nonzero(usable)[0]
             if not min_values_ok(tmpl, reqs, cand):
