@@ -280,6 +280,21 @@ async def test_refused_registration_is_retried(kubelet: Any, start_plugin: Any) 
     assert [r.resource for r in kubelet.registrations] == ["nvidia.com/gpu"]
 
 
+async def test_a_registration_in_flight_is_not_sent_again(kubelet: Any, start_plugin: Any,
+                                                           node: SimulatedBackend) -> None:
+    # a busy kubelet answers Register after the watcher's 1 s retry tick: a second Register for the same socket
+    # would make a real kubelet refuse that socket until it restarts (CI's MIG tests on the real node)
+    await start_plugin({"version": "v1", "flags": {"migStrategy": "mixed"}})
+    await kubelet.wait_for_devices("nvidia.com/gpu", 8)
+    kubelet.register_delay = 1.5
+    node.set_mig_mode(0, True)
+    node.reset_gpu(0)
+    node.create_mig_device(0, 19, 0)  # a new resource appears on re-list: nvidia.com/mig-1g.10gb
+    await kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", 1)
+    await asyncio.sleep(1.2)  # past another retry tick
+    assert [r.resource for r in kubelet.registrations].count("nvidia.com/mig-1g.10gb") == 1
+
+
 async def test_mps_slices_file_is_followed_by_relist(kubelet: Any, start_plugin: Any, node: SimulatedBackend,
                                                      short_tmp: Path) -> None:
     slices = short_tmp / "slices.json"

@@ -53,6 +53,8 @@ class _RegistrationService(pb_grpc.RegistrationServicer):
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version}")
+        if self.kubelet.register_delay:
+            await asyncio.sleep(self.kubelet.register_delay)
         if request.resource_name in self.kubelet.refuse:
             self.kubelet.refused.append(request.resource_name)
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"{request.resource_name} is already registered")
@@ -68,6 +70,7 @@ class FakeKubelet:
         self.plugins: dict[str, PluginEndpoint] = {}
         self.refuse: set[str] = set()  # resource names whose Register is refused (as if another plugin held them)
         self.refused: list[str] = []
+        self.register_delay = 0.0  # seconds each Register takes (a busy kubelet)
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
 

@@ -45,7 +45,6 @@ from kubegpu.testing.nodepods import (
     until,
     wait_allocatable,
 )
-from kubegpu.testing.session import wait_for
 
 # the module's first test also pays for the shared node's lock, the image (cached by content) and `helm install`
 pytestmark = pytest.mark.timeout(900)
@@ -133,7 +132,7 @@ def release(real_node: NodeSession) -> Iterator[Release]:
         cluster.create(obj)
     client = cluster.client
     client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE, labels={chart.API_ACCESS_LABEL: "true"})))
-    wait_for(lambda: _exists(client, ServiceAccount, "default", NAMESPACE), "the namespace's default account")
+    chart.wait_policy_in_effect(client, NAMESPACE)  # else the operator's pod may start unmutated: no API access
     sim_dir = Path(tempfile.mkdtemp(prefix="kubegpu-chart-", dir="/tmp"))
     SimulatedBackend.create(sim_dir / "node.json", gpus="2xA100-SXM4-80GB", node_name=NODE)
     cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dp-configs", "namespace": NAMESPACE},
@@ -173,18 +172,6 @@ def release(real_node: NodeSession) -> Iterator[Release]:
         assert not problems, problems
         timings["module total"] = time.monotonic() - started
         print("\nchart tier timings: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-
-
-def _exists(client: Any, resource: Any, name: str, namespace: str | None = None) -> bool:
-    from lightkube import ApiError
-
-    try:
-        client.get(resource, name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return False
-        raise
-    return True
 
 
 def _ours(client: Any, resource: Any, namespace: str | None = None) -> list[str]:

@@ -145,6 +145,7 @@ class DevicePluginManager:
         self._lock = asyncio.Lock()
         self._reload_requested = asyncio.Event()
         self._unregistered: set[str] = set()
+        self._registering: set[str] = set()  # a Register in flight
         self._relist_stamp: object = None
         self._xid_stamp: object = None
         self._slices_error: str | None = None
@@ -247,20 +248,28 @@ class DevicePluginManager:
             log.error("%s", exc)
 
     async def _register(self, resource: str) -> None:
-        """Register one resource; on failure remember it, and the kubelet watcher retries every second."""
+        """Register one resource; on failure remember it, and the kubelet watcher retries every second.
+
+        Never twice at once: a Register still in flight (a busy kubelet answers slowly) is not sent again. The kubelet
+        refuses a second Register for a socket it is still connecting ("device plugin already connected"), and then
+        drops its record of the first connection while keeping the socket marked connected — every later Register
+        on that socket is refused until the kubelet restarts."""
         kubelet = self.settings.kubelet_socket
         server = self.servers.get(resource)
-        if kubelet is None or server is None:
+        if kubelet is None or server is None or resource in self._registering:
             return
         self._unregistered.add(resource)
         if not kubelet.exists():
             log.warning("%s does not exist yet; %s registers when the kubelet appears", kubelet, resource)
             return
+        self._registering.add(resource)
         try:
             await register(kubelet, server.socket_path.name, resource, timeout=2.0)
         except KubegpuError as exc:
             log.error("%s; will retry", exc)
             return
+        finally:
+            self._registering.discard(resource)
         self._unregistered.discard(resource)
         self.registrations += 1
         log.info("registered %s on %s", resource, server.socket_path.name)

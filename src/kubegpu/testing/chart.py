@@ -108,6 +108,37 @@ def _values_file(values: dict[str, Any], workdir: Path, name: str) -> Path:
     return path
 
 
+def wait_policy_in_effect(client: Any, namespace: str, timeout: float = 120.0) -> None:
+    """Wait until the API server applies `api_access_policy` to a pod created in `namespace` (tried with a dry run).
+
+    An admission policy takes effect when the API server's own watch of policies and bindings has seen it, which is
+    asynchronous and slower on a busy machine: a chart installed right after creating the policy may get its pods
+    unmutated (pointed at the `kubernetes` Service's ClusterIP, which leads nowhere here), and the operator then
+    never reaches the API server. The dry run also waits out the namespace's default ServiceAccount."""
+    from lightkube import ApiError
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    probe = Pod(metadata=ObjectMeta(name="kubegpu-api-access-probe", namespace=namespace),
+                spec=PodSpec(containers=[Container(name="probe", image="kubegpu.local/probe:0")]))
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            created = client.create(probe, dry_run=True)
+            env = {e.name for c in created.spec.containers for e in c.env or ()}
+            if created.spec.hostNetwork and "KUBERNETES_SERVICE_HOST" in env:
+                return
+            last = "a pod created there is not mutated yet"
+        except ApiError as exc:
+            last = str(exc.status.message or exc)
+        if time.monotonic() >= deadline:
+            raise KubegpuError(f"admission policy {API_ACCESS_POLICY} not in effect in namespace {namespace} after "
+                               f"{timeout:.0f}s: {last}")
+        time.sleep(0.2)
+
+
 def prepare_namespace(kubeconfig: Path, namespace: str) -> list[str]:
     """Create `namespace` labelled for API access and the admission policy (each only when missing); returns what
     was created. What `python -m kubegpu.testing.chart KUBECONFIG NAMESPACE` does before `helm install`."""
@@ -135,6 +166,7 @@ def prepare_namespace(kubeconfig: Path, namespace: str) -> list[str]:
         if exc.status.code != 409:
             raise
         cluster.client.patch(Namespace, namespace, {"metadata": {"labels": {API_ACCESS_LABEL: "true"}}})
+    wait_policy_in_effect(cluster.client, namespace)
     return created
 
 
