@@ -138,14 +138,11 @@ def table(trials: list[Trial]) -> list[str]:
     sizes = sorted({t.pods for t in trials})
     variants = list(dict.fromkeys(t.variant for t in trials if t.system == "kubegpu")) or [""]
     header, rule = "| |", "|---|"
+    names = [f"kubegpu {v}" if v else "kubegpu (defaults)" if len(variants) > 1 else "kubegpu" for v in variants]
     for size in sizes:
-        for variant in variants:
-            name = f"kubegpu{' ' + variant if variant else ''}"
-            header += f" {name} {size:,} |"
-            rule += "---|"
-        header += f" Karpenter {size:,} |" + "".join(
-            f" kubegpu{' ' + v if v else ''} / Karpenter |" for v in variants)
-        rule += "---|" * (1 + len(variants))
+        header += "".join(f" {name} {size:,} |" for name in names) + f" Karpenter {size:,} |"
+        header += "".join(f" {name} / Karpenter |" for name in names)
+        rule += "---|" * (1 + 2 * len(variants))
     rows = [header, rule]
 
     def row(label: str, cell: Callable[[list[Trial]], tuple[str, float]]) -> None:
@@ -203,7 +200,9 @@ Not comparable, stated plainly:
 - Autoscaler CPU seconds are read when the last pod is bound and include process start (Python imports, Go runtime);
   peak RSS is the process's high-water mark (VmHWM) at the end.
 - Pods lost: pods deleted after binding (kube-controller-manager's taint eviction racing the unregistered taint,
-  kubernetes#119862); they count as bound for the timing."""
+  kubernetes#119862); they count as bound for the timing.
+- kubegpu's plan is not the cheapest by default: `kubegpu autoscaler` weighs a node cost of $1/h per new node
+  (`--node-cost`, docs/autoscaler.md); a column named with flags ran with them (`--kubegpu-args`)."""
 
 
 def run_e2e(args: argparse.Namespace) -> int:
