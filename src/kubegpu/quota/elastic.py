@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from kubegpu.quota.queue import INF, LARGEST, GatedQueue
+from kubegpu.scheduling.queue import INF, LARGEST, GatedQueue
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 RESOURCES = (GPU_MEMORY_RESOURCE, GPU_RESOURCE)

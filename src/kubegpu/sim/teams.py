@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.scheduling.queue import LARGEST, GatedQueue
 from kubegpu.sharing.charges import ChargeTable, model_memory_bytes, pod_charge
 from kubegpu.sharing.names import GPU_SHARED_RESOURCE
 
@@ -72,6 +73,8 @@ class TeamAccount:
     admitted: dict[int, Attempt] = field(default_factory=dict)
     reclaims: dict[str, int] = field(default_factory=dict)
     keys: dict[str, Attempt] = field(default_factory=dict)  # the admission's key → pod (elastic only)
+    queues: dict[str, GatedQueue[Attempt]] = field(default_factory=dict)  # per namespace, its held pods (plain only)
+    by_request: dict[Any, float] = field(default_factory=dict)  # GpuRequest → its pods' charge
     in_use: dict[str, float] = field(default_factory=dict)  # per namespace, the charges of its admitted pods
     changed: set[str] = field(default_factory=set)  # namespaces where a pod was held or an admitted one stopped
     # since the plain quota last looked
@@ -88,13 +91,21 @@ class TeamAccount:
         return cls(team_limits(teams), table, getattr(strategy, "team_admission", None))
 
     def charge(self, run: Attempt) -> float:
-        if id(run) not in self.charges:
-            self.charges[id(run)] = float(pod_charge(run.pod, self.table).gpu_memory_bytes)
-        return self.charges[id(run)]
+        found = self.charges.get(id(run))
+        if found is None:
+            # the simulator's pod spec is made from its request alone (`accounting._pod_object`): one charge each
+            found = self.by_request.get(run.request)
+            if found is None:
+                found = self.by_request[run.request] = float(pod_charge(run.pod, self.table).gpu_memory_bytes)
+            self.charges[id(run)] = found
+        return found
 
     def hold(self, run: Attempt) -> None:
         self.held[id(run)] = run
         self.changed.add(run.job.namespace)
+        if self.admission is None:
+            self.queues.setdefault(run.job.namespace, GatedQueue()).add(run.queued_at, _key(run), self.charge(run),
+                                                                         run)
         self._tell(run, gated=True, bound=False)
 
     def bound(self, run: Attempt) -> None:
@@ -142,28 +153,46 @@ class TeamAccount:
         """A plain namespace ResourceQuota at each team's `max`: FIFO per team, a pod past it waits. Every pod that
         fits goes through at once, so until a pod is held or an admitted one stops, another look lets nothing
         through: the simulator asks on every scheduling pass, and is answered without one. Teams are apart (each
-        its own cap), so only the held pods of a namespace where something changed are looked at again."""
+        its own cap), so only a namespace where something changed is looked at again, and in its queue only the
+        pods no bigger than the room left (`GatedQueue`: the room only shrinks as pods go through)."""
         if not self.changed:
             return []
         changed, self.changed = self.changed, set()
         caps = {t.namespace: t.max_bytes for t in self.limits}
-        used = {t.namespace: self.used(t.namespace) for t in self.limits}
         released = []
-        for run in sorted((r for r in self.held.values() if r.job.namespace in changed),
-                          key=lambda r: (r.queued_at, r.seq)):
-            cap = caps.get(run.job.namespace)
-            if cap is None or used.get(run.job.namespace, 0.0) + self.charge(run) <= cap + 1e-6:
-                used[run.job.namespace] = used.get(run.job.namespace, 0.0) + self.charge(run)
-                released.append(run)
+        for namespace in changed:
+            queue = self.queues.get(namespace)
+            if not queue:
+                continue
+            cap, used = caps.get(namespace), self.used(namespace)
+            at = queue.first(0, _room(cap, used))
+            while at >= 0:
+                run = queue.item(at)
+                if cap is None or used + self.charge(run) <= cap + 1e-6:
+                    used += self.charge(run)
+                    released.append(run)
+                at = queue.first(at + 1, _room(cap, used))
+        released.sort(key=lambda r: (r.queued_at, r.seq))
         self._release(released)
         return released
 
     def _release(self, runs: Sequence[Attempt]) -> None:
         for run in runs:
             del self.held[id(run)]
+            queue = self.queues.get(run.job.namespace)
+            if queue is not None:
+                queue.remove(_key(run))
             self.admitted[id(run)] = run
             self.in_use[run.job.namespace] = self.in_use.get(run.job.namespace, 0.0) + self.charge(run)
             self._tell(run, gated=False, bound=False)
+
+
+def _room(cap: float | None, used: float) -> float:
+    """The largest charge that may still fit under `cap`, a little generously (the exact test decides)."""
+    if cap is None:
+        return LARGEST
+    room = cap + 1e-6 - used
+    return room + 1.0 + 1e-9 * (abs(cap) + abs(used))
 
 
 def _key(run: Attempt) -> str:

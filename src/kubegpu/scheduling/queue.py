@@ -1,10 +1,11 @@
-"""One team's gated pods in the elastic decision's order, searchable by size: `GatedQueue`.
+"""Pods waiting behind a quota, in the order they go through, searchable by size: `GatedQueue`.
 
-The decision walks gated pods oldest first and lets through each one that still fits; most of a long queue does
-not fit (the team is at its `min`, the cluster is full), so walking it pod by pod on every pass costs the length of
-the queue. A pod's fit depends only on its size once the team's quota names a single resource, and the room left
-only shrinks during a pass — so the next pod that may fit is "the first one after here no bigger than the room",
-which a min-tree over the queue answers in a logarithmic number of steps.
+A quota lets held pods through oldest first, each one that still fits; most of a long queue does not fit (the team
+is at its limit, the cluster is full), so walking it pod by pod on every pass costs the length of the queue. Where
+a pod's fit depends only on its size (one resource) and the room left only shrinks while pods go through, the next
+pod that may fit is "the first one after here no bigger than the room", which a min-tree over the queue answers in
+a logarithmic number of steps. The elastic-quota decision (`kubegpu.quota.elastic.ElasticLedger`) and the
+simulator's plain namespace quotas (`kubegpu.sim.teams`) both search their queues this way.
 
 Pods keep their place while they wait (a pod that leaves becomes a hole, filled again when the queue is compacted),
 so a queue that grows at its end — every new pod younger than the rest, as in the simulator — never re-sorts.
