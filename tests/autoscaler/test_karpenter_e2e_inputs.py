@@ -68,8 +68,9 @@ def test_the_table_has_a_column_and_a_ratio_per_kubegpu_variant() -> None:
         return e2e.Trial(system, 500, all_bound_s=seconds, first_bound_s=1.0, variant=variant)
 
     rows = table([trial("kubegpu", "", 60.0), trial("kubegpu", "--node-cost 6", 40.0), trial("karpenter", "", 50.0)])
-    assert rows[0].split("|")[1:-1] == [" ", " kubegpu (defaults) 500 ", " kubegpu --node-cost 6 500 ", " Karpenter 500 ",
-                                        " kubegpu (defaults) / Karpenter ", " kubegpu --node-cost 6 / Karpenter "]
+    assert rows[0].split("|")[1:-1] == [
+        " ", " kubegpu (defaults) 500 ", " kubegpu --node-cost 6 500 ", " Karpenter 500 ",
+        " kubegpu (defaults) / Karpenter ", " kubegpu --node-cost 6 / Karpenter "]
     [timed] = [r for r in rows if r.startswith("| seconds until every pod is bound |")]
     assert timed.split("|")[2:-1] == [" 60.0 ", " 40.0 ", " 50.0 ", " 1.20× ", " 0.80× "]
     # one kubegpu variant: the table of before, three columns a size
