@@ -19,6 +19,7 @@ import pytest
 from kubegpu.autoscaler.catalog import shipped_catalogue
 from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.provider import SimulatedProvider
+from kubegpu.autoscaler.scheduler import NODE_COST
 from kubegpu.clock import RealClock
 from kubegpu.kube import NotFound
 from kubegpu.testing.session import RealCluster, WaitTimeout, wait_for
@@ -60,7 +61,8 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     clock = RealClock()
     provider = SimulatedProvider(cluster, shipped_catalogue(), clock, registration_delay=0.5, parallelism=16)
     lines: list[str] = []
-    options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16)
+    # the command's settings: parallel launches and its node cost (fewer, bigger nodes than the cheapest plan)
+    options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16, node_cost=NODE_COST)
     scaler = Autoscaler(cluster, provider, clock, options, log=lines.append)
     stop = threading.Event()
     stopped = asyncio.Event()
