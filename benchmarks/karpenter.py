@@ -201,8 +201,8 @@ Not comparable, stated plainly:
   peak RSS is the process's high-water mark (VmHWM) at the end.
 - Pods lost: pods deleted after binding (kube-controller-manager's taint eviction racing the unregistered taint,
   kubernetes#119862); they count as bound for the timing.
-- kubegpu's plan is not the cheapest by default: `kubegpu autoscaler` weighs a node cost of $1/h per new node
-  (`--node-cost`, docs/autoscaler.md); a column named with flags ran with them (`--kubegpu-args`)."""
+- kubegpu's default plan is the cheapest (`--node-cost 0`); a column named with flags ran with them
+  (`--kubegpu-args`, e.g. `--node-cost 1`: fewer, bigger nodes for a little more, docs/autoscaler.md)."""
 
 
 def run_e2e(args: argparse.Namespace) -> int:

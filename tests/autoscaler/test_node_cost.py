@@ -12,7 +12,7 @@ import yaml
 
 from kubegpu.autoscaler.catalog import shipped_catalogue
 from kubegpu.autoscaler.provisioner import run_pass
-from kubegpu.autoscaler.scheduler import NODE_COST, Scheduler
+from kubegpu.autoscaler.scheduler import NODE_COST, SUGGESTED_NODE_COST, Scheduler
 from tests.autoscaler.builders import instance_type, nodepool, pod, pool
 from tests.autoscaler.test_cli import invoke
 
@@ -53,13 +53,14 @@ def test_a_lone_pod_still_gets_the_small_node() -> None:
     assert [c.instance_type for c in result.claims] == ["x1"]
 
 
-def test_the_shipped_catalogue_burst_at_the_default_node_cost() -> None:
+def test_the_shipped_catalogue_burst_at_the_suggested_node_cost() -> None:
     # the issue-26 mix (per 10 pods: 4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8): at no node cost, 1-GPU pods get 1-GPU nodes
     mix = [gpu_pods(1, g)[0] | {"metadata": {"name": f"p{i}", "namespace": "default", "uid": f"u{i}"}}
            for i, g in enumerate((1, 1, 1, 1, 2, 2, 2, 4, 4, 8) * 10)]
     types = shipped_catalogue()
     cheapest = run_pass([pool(requirements=ON_DEMAND)], lambda _p: types, mix)
-    fewer = run_pass([pool(requirements=ON_DEMAND)], lambda _p: types, mix, node_cost=NODE_COST)
+    fewer = run_pass([pool(requirements=ON_DEMAND)], lambda _p: types, mix, node_cost=SUGGESTED_NODE_COST)
+    assert NODE_COST == 0.0  # by default the cheapest plan: a node cost is opted into
     assert not cheapest.unschedulable and not fewer.unschedulable
     assert len(fewer.claims) < 0.7 * len(cheapest.claims)
     assert cheapest.cost < fewer.cost < 1.10 * cheapest.cost

@@ -61,7 +61,7 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     clock = RealClock()
     provider = SimulatedProvider(cluster, shipped_catalogue(), clock, registration_delay=0.5, parallelism=16)
     lines: list[str] = []
-    # the command's settings: parallel launches and its node cost (fewer, bigger nodes than the cheapest plan)
+    # the command's settings: parallel launches and its default node cost (none: the cheapest plan)
     options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16, node_cost=NODE_COST)
     scaler = Autoscaler(cluster, provider, clock, options, log=lines.append)
     stop = threading.Event()
