@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from kubegpu.scheduling.queue import INF, LARGEST, GatedQueue
+from kubegpu.scheduling.queue import INF, LARGEST, GatedQueue, search_bound
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 RESOURCES = (GPU_MEMORY_RESOURCE, GPU_RESOURCE)
@@ -289,10 +289,8 @@ def _room(team: TeamQuota, mine: Mapping[str, float], admitted: float, capacity:
             return INF
         return float(limit[GPU_MEMORY_RESOURCE]) + 1e-6 - used
 
-    room = max(left(team.min), min(left(team.max), capacity + 1e-6 - admitted))
-    if room == INF:
-        return LARGEST
-    return room + 1.0 + 1e-9 * (abs(used) + abs(capacity) + abs(admitted) + abs(room))
+    return search_bound(max(left(team.min), min(left(team.max), capacity + 1e-6 - admitted)), used, capacity,
+                        admitted)
 
 
 def _gib(amounts: Mapping[str, float]) -> str:

@@ -24,6 +24,14 @@ INF = float("inf")  # a hole's size
 LARGEST = sys.float_info.max  # `first`'s default bound: any item, never a hole
 
 
+def search_bound(room: float, *magnitudes: float) -> float:
+    """`room` widened past any rounding in the sums it came from (`magnitudes`: the amounts in them), for
+    `GatedQueue.first`: the search then never skips an item that fits, and the caller's exact test decides."""
+    if room == INF:
+        return LARGEST
+    return room + 1.0 + 1e-9 * (abs(room) + sum(abs(m) for m in magnitudes))
+
+
 class GatedQueue(Generic[T]):
     """Items ordered by (created, key), each with a size; holes where items left. Positions stay as they are between
     calls to `add` (which may renumber): a caller searches within one pass, adding nothing meanwhile."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.scheduling.quantity import parse_quantity
-from kubegpu.scheduling.queue import LARGEST, GatedQueue
+from kubegpu.scheduling.queue import LARGEST, GatedQueue, search_bound
 from kubegpu.sharing.charges import ChargeTable, model_memory_bytes, pod_charge
 from kubegpu.sharing.names import GPU_SHARED_RESOURCE
 
@@ -189,10 +189,7 @@ class TeamAccount:
 
 def _room(cap: float | None, used: float) -> float:
     """The largest charge that may still fit under `cap`, a little generously (the exact test decides)."""
-    if cap is None:
-        return LARGEST
-    room = cap + 1e-6 - used
-    return room + 1.0 + 1e-9 * (abs(cap) + abs(used))
+    return LARGEST if cap is None else search_bound(cap + 1e-6 - used, cap, used)
 
 
 def _key(run: Attempt) -> str:
