@@ -184,6 +184,10 @@ def table(trials: list[Trial]) -> list[str]:
 
     for component in ("kube-apiserver", "kube-scheduler"):
         row(f"{component} CPU seconds", component_cpu(component))
+    row("kube-scheduler attempts (unschedulable)", lambda ts: (
+        f"{_mean([sum(t.attempts.values()) for t in ts]):,.0f} "
+        f"({_mean([t.attempts.get('unschedulable', 0.0) for t in ts]):,.0f})",
+        _mean([sum(t.attempts.values()) for t in ts])))
     row("pods lost (deleted after binding)", lambda ts: (f"{sum(t.lost for t in ts)}", float(sum(t.lost for t in ts))))
     return rows
 
@@ -259,6 +263,13 @@ def run_e2e(args: argparse.Namespace) -> int:
                         f"{trial.empty} empty; ${trial.price:,.0f}/h (${trial.price_used:,.0f}/h used); "
                         f"CPU {trial.cpu_s:.1f}s, RSS {trial.rss_mib:.0f} MiB; lost {trial.lost}; "
                         f"load {trial.load[0]:.2f} -> {trial.load[1]:.2f}")
+                    top = sorted(trial.requeues.items(), key=lambda item: -item[1])[:4]
+                    say(f"  kube-scheduler: attempts {dict(sorted(trial.attempts.items()))}; pods requeued by "
+                        + ", ".join(f"{event} {count:.0f}" for event, count in top))
+                    writes = sorted(((k, v) for k, v in trial.api_requests.items()
+                                     if k.split()[0] not in ("WATCH", "LIST", "GET")), key=lambda item: -item[1])
+                    say(f"  kube-apiserver writes {sum(v for _, v in writes):,.0f}: "
+                        + ", ".join(f"{k} {v:.0f}" for k, v in writes[:8]))
     say("")
     for line in table(trials):
         say(line)

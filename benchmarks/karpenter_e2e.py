@@ -296,6 +296,11 @@ class Trial:
     bound_p50_s: float = float("nan")
     bound_p90_s: float = float("nan")
     last_claim_s: float = float("nan")
+    # kube-scheduler's own counters at the last bind: scheduling attempts by result, and pods moved back to its
+    # active or backoff queue by the cluster event that moved them (where its CPU goes)
+    attempts: dict[str, float] = field(default_factory=dict)
+    requeues: dict[str, float] = field(default_factory=dict)
+    api_requests: dict[str, float] = field(default_factory=dict)   # kube-apiserver's requests by "VERB resource"
 
 
 def _create_all(clients: list[lightkube.Client], objects: list[Any], done: threading.Event,
@@ -362,6 +367,11 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
         raise SystemExit(f"error: {len(errors)} pod(s) not created, e.g. {errors[0]}")
     trial.cpu_s = cpu_seconds(launched.process.pid)
     trial.plane_cpu = plane_cpu(real.plane.directory)
+    try:
+        trial.attempts, trial.requeues = scheduler_counters(real)
+        trial.api_requests = apiserver_requests(real)
+    except OSError as exc:
+        say(f"  (kube-scheduler's metrics not read: {exc})")
     time.sleep(settle)  # what the autoscaler does right after the last bind (e.g. delete empty claims) counts
     all_pods = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE)]
     binds = sorted(_stamp(c.get("lastTransitionTime")) - wall for p in all_pods
@@ -392,6 +402,50 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
         else:
             trial.empty += 1
     trial.rss_mib = peak_rss_mib(launched.process.pid)
+
+
+def _metrics(real: RealCluster, component: str) -> list[Any]:
+    """A control-plane component's metric families, read from its secure port with the admin's certificate."""
+    import ssl
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pki = real.plane.directory / "pki"
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE   # components' self-signed serving certs
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    url = f"https://127.0.0.1:{real.plane.ports[component]}/metrics"
+    with urllib.request.urlopen(url, timeout=30, context=context) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
+def apiserver_requests(real: RealCluster) -> dict[str, float]:
+    """kube-apiserver's `apiserver_request_total` summed by "VERB resource[/subresource]" (WATCH and LIST too)."""
+    counts: dict[str, float] = {}
+    for family in _metrics(real, "kube-apiserver"):
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                sub = sample.labels.get("subresource", "")
+                key = f"{sample.labels.get('verb', '')} {sample.labels.get('resource', '')}{'/' + sub if sub else ''}"
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def scheduler_counters(real: RealCluster) -> tuple[dict[str, float], dict[str, float]]:
+    """kube-scheduler's `scheduler_schedule_attempts_total` by result and `scheduler_queue_incoming_pods_total` by
+    event (only the moves into the active and backoff queues)."""
+    attempts: dict[str, float] = {}
+    requeues: dict[str, float] = {}
+    for family in _metrics(real, "kube-scheduler"):
+        for sample in family.samples:
+            if sample.name == "scheduler_schedule_attempts_total":
+                result = sample.labels.get("result", "")
+                attempts[result] = attempts.get(result, 0.0) + sample.value
+            elif sample.name == "scheduler_queue_incoming_pods_total" and sample.labels.get("queue") in (
+                    "active", "backoff"):
+                event = sample.labels.get("event", "")
+                requeues[event] = requeues.get(event, 0.0) + sample.value
+    return attempts, requeues
 
 
 def _stamp(text: str | None) -> float:

@@ -73,6 +73,36 @@ def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -
     assert all(c["status"]["nodeName"] in pods_on for c in h.claims())   # no NodeClaim left empty
 
 
+def test_an_unused_claim_is_cordoned_first_and_kept_if_a_pod_lands_meanwhile() -> None:
+    # issue 26, seen on the real control plane: the claim was judged unused in the same instant kube-scheduler bound
+    # a pod to its node, and deleting it evicted the pod (lost). Now the node is cordoned first and the claim goes
+    # only once a later view still shows it cordoned and empty; a pod that landed before the cordon keeps it.
+    h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
+    h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
+    h.add(gpu_pod("big", 4))
+    h.add(gpu_pod("small", 1))
+    h.run(12, bind=False)
+    x1 = node_of_type(h, "gpu.x1")
+    bind(h, "small", node_of_type(h, "gpu.x4"))
+
+    def cordoned() -> bool:
+        return any(t.get("key") == "kubegpu.io/disrupted" for t in h.cluster.get("Node", x1)["spec"].get("taints")
+                   or [])
+
+    for _ in range(10):
+        if cordoned():
+            break
+        h.run(1, bind=False)
+    assert cordoned() and any(c["status"].get("nodeName") == x1 for c in h.claims())   # cordoned, not deleted
+    late = gpu_pod("late", 1)
+    h.add(late | {"spec": {**late["spec"], "nodeName": x1}})   # bound just before the cordon took effect
+    h.run(20, bind=False)
+    assert any(c["status"].get("nodeName") == x1 for c in h.claims()), h.lines[-5:]   # kept
+    assert not cordoned() and any("in use after all; uncordoned" in line for line in h.lines)
+    assert h.cluster.get("Pod", "late", "default")["spec"]["nodeName"] == x1   # never evicted
+    assert not any(line.endswith("terminating (unused)") and "x1" in line for line in h.lines)
+
+
 def test_a_claim_that_was_used_stays_when_consolidation_is_off() -> None:
     h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
     h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -19,6 +20,7 @@ from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.objects import (
     CREATED_AT_ANNOTATION,
+    has_taint,
     is_provisionable,
     is_true,
     name_of,
@@ -27,6 +29,7 @@ from kubegpu.autoscaler.pool_status import PoolStatus
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
+from kubegpu.autoscaler.termination import taint_node
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
@@ -254,6 +257,7 @@ class Provisioner:
         self.last_result: SchedulingResult | None = None
         self.metrics: AutoscalerMetrics | None = None
         self.surplus = SurplusTracker(grace=surplus_grace)
+        self._cordoned: dict[str, tuple[str, float]] = {}   # unused claim → (its node, when its cordon was seen)
         self._infos = InfoMemo()   # NodeInfos of unchanged nodes, from one pass to the next
         self.pool_status = PoolStatus(self.cluster, clock, self.log)
         # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
@@ -325,21 +329,52 @@ class Provisioner:
 
     def _remove_surplus(self, snapshot: Snapshot, needed: set[str], now: float,
                         pending: Sequence[dict[str, Any]] = ()) -> None:
-        """Delete the NodeClaims nothing uses or will use (`replan.SurplusTracker`), but none whose node a pending
-        pod could be bound to now (`replan.could_take`); one that fails is retried."""
+        """Let go of the NodeClaims nothing uses or will use (`replan.SurplusTracker`), cordon first: a claim with
+        a node is deleted only `grace` seconds after this pass's view shows its node cordoned and still without a
+        pod, since kube-scheduler may bind one a moment before the cordon lands, and the watch of pods may show it
+        only after the watch of nodes shows the cordon (deleting then would evict it: a pod lost). A node a pending
+        pod could be bound to now (`replan.could_take`) is not cordoned; one that took a pod meanwhile is uncordoned
+        and kept. A step that fails is retried next pass."""
         live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
         shapes = pod_shapes(pending)
         on = snapshot.pods_on
-        for claim in self.surplus.update(live, on, needed, now):
-            if self.terminate is None:
-                return
+        surplus = self.surplus.update(live, on, needed, now)
+        live_names = {name_of(c) for c in live}
+        for name in set(self._cordoned) - {name_of(c) for c in surplus}:
+            node_name = self._cordoned.pop(name)[0]
+            if name in live_names:   # it took a pod (or a plan wants it) while cordoned: keep it after all
+                self.log(f"nodeclaim {name}: in use after all; uncordoned")
+                if not self._try(name, partial(taint_node, self.cluster, node_name, False)):
+                    self._cordoned[name] = (node_name, now)   # still cordoned: try again next pass
+        terminate = self.terminate
+        if terminate is None:
+            return
+        for claim in surplus:
+            name = name_of(claim)
             node = snapshot.nodes.get((claim.get("status") or {}).get("nodeName") or "")
-            if node is not None and shapes and could_take(node, on.get(name_of(node), []), shapes):
-                continue
-            try:
-                self.terminate(dict(claim), "unused")
-            except KubegpuError as exc:
-                self.log(f"nodeclaim {name_of(claim)}: cannot delete the unused claim: {exc}")
+            if node is not None:
+                cordoned = self._cordoned.get(name)
+                if cordoned is None:
+                    if shapes and could_take(node, on.get(name_of(node), []), shapes):
+                        continue
+                    if self._try(name, partial(taint_node, self.cluster, name_of(node), True)):
+                        self._cordoned[name] = (name_of(node), now)
+                    continue
+                if not has_taint(node, L.DISRUPTED_TAINT):
+                    self._cordoned[name] = (cordoned[0], now)   # the cordon is not in this view yet: wait on
+                    continue
+                if now - cordoned[1] < self.surplus.grace:
+                    continue
+            if self._try(name, partial(terminate, dict(claim), "unused")):
+                self._cordoned.pop(name, None)
+
+    def _try(self, claim: str, write: Callable[[], object]) -> bool:
+        try:
+            write()
+            return True
+        except KubegpuError as exc:
+            self.log(f"nodeclaim {claim}: cannot let the unused claim go: {exc}")
+            return False
 
     def schedule(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]],
                  exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
