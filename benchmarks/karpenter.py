@@ -132,6 +132,11 @@ def _span(values: list[float]) -> str:
     return f"{min(values):.0f}–{max(values):.0f} s" if values else "–"
 
 
+def _writes(trial: Trial) -> float:
+    """kube-apiserver's write requests in a trial (every verb but GET, LIST and WATCH)."""
+    return sum(v for k, v in trial.api_requests.items() if k.split()[0] not in ("GET", "LIST", "WATCH"))
+
+
 def table(trials: list[Trial]) -> list[str]:
     """Markdown: per size, kubegpu | Karpenter | kubegpu / Karpenter, means over the trials; with several kubegpu
     variants (`--kubegpu-args` given more than once), a kubegpu column and a ratio per variant."""
@@ -184,6 +189,11 @@ def table(trials: list[Trial]) -> list[str]:
 
     for component in ("kube-apiserver", "kube-scheduler"):
         row(f"{component} CPU seconds", component_cpu(component))
+    row("CPU seconds, control plane and autoscaler together", lambda ts: (
+        f"{_mean([sum(t.plane_cpu.values()) + t.cpu_s for t in ts]):.1f}",
+        _mean([sum(t.plane_cpu.values()) + t.cpu_s for t in ts])))
+    row("kube-apiserver writes", lambda ts: (f"{_mean([_writes(t) for t in ts]):,.0f}",
+                                             _mean([_writes(t) for t in ts])))
     row("kube-scheduler attempts (unschedulable)", lambda ts: (
         f"{_mean([sum(t.attempts.values()) for t in ts]):,.0f} "
         f"({_mean([t.attempts.get('unschedulable', 0.0) for t in ts]):,.0f})",

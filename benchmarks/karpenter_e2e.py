@@ -385,8 +385,8 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
     claims = [c.to_dict() for c in client.list(launched.claim_kind)]
     seen.update(c["metadata"]["name"] for c in claims)
     trial.launched, trial.claims = len(seen), len(claims)
-    for name, objects in (("pods", all_pods), ("nodeclaims", claims)):   # kept with the logs (--keep-logs)
-        write_durable(real.plane.directory / "logs" / f"{name}.json", json.dumps(objects))
+    for name, listed in (("pods", all_pods), ("nodeclaims", claims)):   # kept with the logs (--keep-logs)
+        write_durable(real.plane.directory / "logs" / f"{name}.json", json.dumps(listed))
     used_claims = [_stamp(c["metadata"].get("creationTimestamp")) - wall for c in claims
                    if (c.get("status") or {}).get("nodeName") in used_nodes]
     trial.last_claim_s = max(used_claims, default=float("nan"))
@@ -404,11 +404,9 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
     trial.rss_mib = peak_rss_mib(launched.process.pid)
 
 
-def _metrics(real: RealCluster, component: str) -> list[Any]:
-    """A control-plane component's metric families, read from its secure port with the admin's certificate."""
+def _metrics_text(real: RealCluster, component: str) -> str:
+    """A control-plane component's /metrics, read from its secure port with the admin's certificate."""
     import ssl
-
-    from prometheus_client.parser import text_string_to_metric_families
 
     pki = real.plane.directory / "pki"
     context = ssl.create_default_context()
@@ -416,35 +414,40 @@ def _metrics(real: RealCluster, component: str) -> list[Any]:
     context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
     url = f"https://127.0.0.1:{real.plane.ports[component]}/metrics"
     with urllib.request.urlopen(url, timeout=30, context=context) as response:
-        return list(text_string_to_metric_families(response.read().decode()))
+        return str(response.read().decode())
+
+
+def counts_by(text: str, sample: str, key: Callable[[dict[str, str]], str | None]) -> dict[str, float]:
+    """The samples named `sample` in a Prometheus text exposition, summed by `key(labels)` (None: left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for each in family.samples:
+            if each.name == sample and (name := key(each.labels)) is not None:
+                counts[name] = counts.get(name, 0.0) + each.value
+    return counts
+
+
+def request_key(labels: dict[str, str]) -> str:
+    """`apiserver_request_total`'s labels as "VERB resource[/subresource]"."""
+    sub = labels.get("subresource", "")
+    return f"{labels.get('verb', '')} {labels.get('resource', '')}{'/' + sub if sub else ''}"
 
 
 def apiserver_requests(real: RealCluster) -> dict[str, float]:
     """kube-apiserver's `apiserver_request_total` summed by "VERB resource[/subresource]" (WATCH and LIST too)."""
-    counts: dict[str, float] = {}
-    for family in _metrics(real, "kube-apiserver"):
-        for sample in family.samples:
-            if sample.name == "apiserver_request_total":
-                sub = sample.labels.get("subresource", "")
-                key = f"{sample.labels.get('verb', '')} {sample.labels.get('resource', '')}{'/' + sub if sub else ''}"
-                counts[key] = counts.get(key, 0.0) + sample.value
-    return counts
+    return counts_by(_metrics_text(real, "kube-apiserver"), "apiserver_request_total", request_key)
 
 
 def scheduler_counters(real: RealCluster) -> tuple[dict[str, float], dict[str, float]]:
     """kube-scheduler's `scheduler_schedule_attempts_total` by result and `scheduler_queue_incoming_pods_total` by
-    event (only the moves into the active and backoff queues)."""
-    attempts: dict[str, float] = {}
-    requeues: dict[str, float] = {}
-    for family in _metrics(real, "kube-scheduler"):
-        for sample in family.samples:
-            if sample.name == "scheduler_schedule_attempts_total":
-                result = sample.labels.get("result", "")
-                attempts[result] = attempts.get(result, 0.0) + sample.value
-            elif sample.name == "scheduler_queue_incoming_pods_total" and sample.labels.get("queue") in (
-                    "active", "backoff"):
-                event = sample.labels.get("event", "")
-                requeues[event] = requeues.get(event, 0.0) + sample.value
+    event (only the moves into the active and backoff queues: what sends a pod to another attempt)."""
+    text = _metrics_text(real, "kube-scheduler")
+    attempts = counts_by(text, "scheduler_schedule_attempts_total", lambda labels: labels.get("result", ""))
+    requeues = counts_by(text, "scheduler_queue_incoming_pods_total",
+                         lambda labels: labels.get("event", "") if labels.get("queue") in ("active", "backoff")
+                         else None)
     return attempts, requeues
 
 

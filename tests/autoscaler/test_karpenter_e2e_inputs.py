@@ -76,3 +76,33 @@ def test_the_table_has_a_column_and_a_ratio_per_kubegpu_variant() -> None:
     # one kubegpu variant: the table of before, three columns a size
     single = table([trial("kubegpu", "", 60.0), trial("karpenter", "", 50.0)])
     assert single[0] == "| | kubegpu 500 | Karpenter 500 | kubegpu / Karpenter |"
+
+
+def test_the_control_planes_counters_are_summed_by_what_the_table_shows() -> None:
+    from benchmarks.karpenter_e2e import counts_by, request_key
+
+    text = """\
+# HELP scheduler_schedule_attempts_total Number of attempts to schedule pods.
+# TYPE scheduler_schedule_attempts_total counter
+scheduler_schedule_attempts_total{profile="default-scheduler",result="scheduled"} 500
+scheduler_schedule_attempts_total{profile="default-scheduler",result="unschedulable"} 1706
+scheduler_schedule_attempts_total{profile="other",result="unschedulable"} 4
+# HELP scheduler_queue_incoming_pods_total Number of pods added to scheduling queues.
+# TYPE scheduler_queue_incoming_pods_total counter
+scheduler_queue_incoming_pods_total{event="NodeUpdateNodeTaint",queue="active"} 600
+scheduler_queue_incoming_pods_total{event="NodeUpdateNodeTaint",queue="backoff"} 59
+scheduler_queue_incoming_pods_total{event="ScheduleAttemptFailure",queue="unschedulable"} 1030
+# HELP apiserver_request_total Counter of apiserver requests.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 500
+apiserver_request_total{code="200",resource="pods",subresource="status",verb="PATCH"} 2380
+apiserver_request_total{code="409",resource="pods",subresource="status",verb="PATCH"} 10
+apiserver_request_total{code="201",resource="events",subresource="",verb="POST"} 3948
+"""
+    assert counts_by(text, "scheduler_schedule_attempts_total", lambda labels: labels["result"]) == {
+        "scheduled": 500.0, "unschedulable": 1710.0}
+    requeued = counts_by(text, "scheduler_queue_incoming_pods_total",
+                         lambda labels: labels["event"] if labels["queue"] != "unschedulable" else None)
+    assert requeued == {"NodeUpdateNodeTaint": 659.0}
+    assert counts_by(text, "apiserver_request_total", request_key) == {
+        "POST pods/binding": 500.0, "PATCH pods/status": 2390.0, "POST events": 3948.0}
