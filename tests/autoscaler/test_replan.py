@@ -54,7 +54,9 @@ def test_a_displaced_pod_takes_a_claim_whose_pods_landed_elsewhere_instead_of_a_
     assert len(h.claims()) == 2 and not any("terminating" in line for line in h.lines), h.lines[-5:]
 
 
-def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -> None:
+def small_pod_lands_on_the_big_node() -> tuple[Harness, str]:
+    """An x4 bought for `big` and an x1 for `small`; the scheduler puts `small` on the x4: `big` is displaced and
+    the x1 is of no use to it. Returns the harness and the x1's node."""
     h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
     h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
     h.add(gpu_pod("big", 4))
@@ -62,7 +64,12 @@ def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -
     h.run(12, bind=False)
     assert sorted(c["metadata"]["labels"][TYPE_LABEL] for c in h.claims()) == ["gpu.x1", "gpu.x4"]
     x1 = node_of_type(h, "gpu.x1")
-    bind(h, "small", node_of_type(h, "gpu.x4"))   # `big` is displaced; x1 is of no use to it
+    bind(h, "small", node_of_type(h, "gpu.x4"))
+    return h, x1
+
+
+def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -> None:
+    h, x1 = small_pod_lands_on_the_big_node()
     h.run(2, bind=False)
     assert any(c["status"].get("nodeName") == x1 for c in h.claims())   # not deleted at the first sight: grace
     h.run(20)
@@ -77,13 +84,7 @@ def test_an_unused_claim_is_cordoned_first_and_kept_if_a_pod_lands_meanwhile() -
     # issue 26, seen on the real control plane: the claim was judged unused in the same instant kube-scheduler bound
     # a pod to its node, and deleting it evicted the pod (lost). Now the node is cordoned first and the claim goes
     # only once a later view still shows it cordoned and empty; a pod that landed before the cordon keeps it.
-    h = Harness(TYPES, registration_delay=2.0, batch_idle=1.0, batch_max=3.0)
-    h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
-    h.add(gpu_pod("big", 4))
-    h.add(gpu_pod("small", 1))
-    h.run(12, bind=False)
-    x1 = node_of_type(h, "gpu.x1")
-    bind(h, "small", node_of_type(h, "gpu.x4"))
+    h, x1 = small_pod_lands_on_the_big_node()
 
     def cordoned() -> bool:
         return any(t.get("key") == "kubegpu.io/disrupted" for t in h.cluster.get("Node", x1)["spec"].get("taints")
