@@ -206,7 +206,7 @@ NOT_COMPARABLE = """\
 Not comparable, stated plainly:
 - kubegpu's simulated nodes publish their GPUs one pass after registration (as a real device plugin would: its
   DaemonSet pod cannot run before); Karpenter's kwok nodes carry their GPUs from creation. Both register at once
-  (registration delay 0).
+  (registration delay 0). A provider patched to publish them at creation bound no sooner (README).
 - Karpenter is one Go process using every core; kubegpu's autoscaler is one Python process. Both share this machine
   with the control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok) and the benchmark.
 - "Empty at the end" is read after the settle time; with consolidation off Karpenter never removes a node, while
