@@ -256,7 +256,8 @@ def run_e2e(args: argparse.Namespace) -> int:
         prices = price_table(write_types(types_file))
         say(f"end to end, Karpenter {VERSION} (kwok provider) vs kubegpu autoscaler (kwok provider): "
             f"{len(prices) // 8} instance types, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-            f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}")
+            f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}; "
+            f"kube-scheduler profile: {args.scheduler}")
         for size in sizes:
             for index in range(args.trials):
                 runs = [(s, v) for s in systems for v in (variants if s == "kubegpu" else [""])]
@@ -264,7 +265,7 @@ def run_e2e(args: argparse.Namespace) -> int:
                     say(f"{system}{' ' + variant if variant else ''}, {size} pods, trial {index + 1}/{args.trials}")
                     timeout = args.timeout or 300.0 + 0.6 * size
                     trial = run_trial(system, size, args.cpu_share, types_file, binary, prices, timeout,
-                                      args.settle, keep, say, shlex.split(variant))
+                                      args.settle, keep, say, shlex.split(variant), args.scheduler)
                     trial.variant = variant
                     trials.append(trial)
                     if args.json:  # after every trial, so a run cut short keeps what it measured
@@ -303,6 +304,9 @@ def main() -> int:
     e2e.add_argument("--timeout", type=float, default=None, help="seconds a trial may take (default 300 + 0.6/pod)")
     e2e.add_argument("--keep-logs", default=None, help="copy each trial's component logs under this directory")
     e2e.add_argument("--json", default=None, help="write every trial's figures to this file as they come")
+    e2e.add_argument("--scheduler", choices=("default", "bin-packing"), default="default",
+                     help="kube-scheduler's profile in every trial: its default (spreads by free CPU and memory) or "
+                          "bin-packing (MostAllocated over CPU, memory and GPUs)")
     e2e.add_argument("--systems", default="kubegpu,karpenter",
                      help="comma-separated autoscalers to run (default both, alternating); one alone to iterate")
     e2e.add_argument("--kubegpu-args", action="append", default=None,

@@ -61,6 +61,15 @@ CPU_ONLY = (("500m", "1Gi"), ("1", "2Gi"), ("2", "4Gi"), ("4", "8Gi"))
 POOL = "bench"
 NAMESPACE = "burst"
 SYSTEMS = ("kubegpu", "karpenter")
+# kube-scheduler's profiles a trial can run under: its default (NodeResourcesFit scores LeastAllocated: a pod goes to
+# the node with the most free CPU and memory, so small pods spread onto big nodes), or bin-packing (MostAllocated over
+# CPU, memory and GPUs: a pod goes to the fullest node it fits, the scoring GPU clusters are often run with)
+SCHEDULER_PROFILES: dict[str, list[dict[str, Any]] | None] = {
+    "default": None,
+    "bin-packing": [{"schedulerName": "default-scheduler", "pluginConfig": [{"name": "NodeResourcesFit", "args": {
+        "scoringStrategy": {"type": "MostAllocated", "resources": [
+            {"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}, {"name": GPU, "weight": 1}]}}}]}],
+}
 KarpenterNodeClaim = create_global_resource("karpenter.sh", "v1", "NodeClaim", "nodeclaims")
 KarpenterNodePool = create_global_resource("karpenter.sh", "v1", "NodePool", "nodepools")
 KWOKNodeClass = create_global_resource("karpenter.kwok.sh", "v1alpha1", "KWOKNodeClass", "kwoknodeclasses")
@@ -291,6 +300,7 @@ class Trial:
     plane_cpu: dict[str, float] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)
     variant: str = ""   # the further `kubegpu autoscaler` flags this trial ran with (--kubegpu-args)
+    scheduler: str = "default"   # kube-scheduler's profile (SCHEDULER_PROFILES)
     # seconds from the first pod create (API timestamps, whole seconds): when half and nine tenths of the pods were
     # bound, and when the last NodeClaim that ended up used was created: where the time to bind every pod goes
     bound_p50_s: float = float("nan")
@@ -460,14 +470,14 @@ def _stamp(text: str | None) -> float:
 
 def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binary: Path | None,
               prices: dict[tuple[str, str, str], float], timeout: float, settle: float, keep: Path | None,
-              say: Callable[[str], None], kubegpu_args: Sequence[str] = ()) -> Trial:
+              say: Callable[[str], None], kubegpu_args: Sequence[str] = (), scheduler: str = "default") -> Trial:
     """One fresh control plane, one autoscaler, one burst; everything torn down before returning."""
-    trial = Trial(system, count)
+    trial = Trial(system, count, scheduler=scheduler)
     directory = Path(tempfile.mkdtemp(prefix=f"kubegpu-e2e-{system}-"))
     launched: Launched | None = None
     load_before = os.getloadavg()[0]
     try:
-        plane = controlplane.up(directory, nodes=0)
+        plane = controlplane.up(directory, nodes=0, scheduler_profiles=SCHEDULER_PROFILES[scheduler])
         real = RealCluster(plane)
         real.admin.client.create(codecs.from_dict({"apiVersion": "v1", "kind": "Namespace",
                                                    "metadata": {"name": NAMESPACE}}))

@@ -95,3 +95,32 @@ def test_a_taken_port_names_the_component(k8s_binaries: Path, tmp_path: Path,
         with pytest.raises(ControlPlaneError, match=rf"^etcd: port {port} is taken"):
             controlplane.up(tmp_path / "cp", nodes=0, bins=k8s_binaries)
     assert not (tmp_path / "cp" / "pids").exists()
+
+
+def test_kube_scheduler_runs_the_profiles_it_is_given(k8s_binaries: Path, tmp_path: Path) -> None:
+    """`up(scheduler_profiles=...)`: kube-scheduler reads them from a config file (the Karpenter benchmark's
+    bin-packing profile here). With MostAllocated scoring a GPU pod goes to the node already running one, where the
+    default profile (LeastAllocated) would put it on the empty one."""
+    from benchmarks.karpenter_e2e import SCHEDULER_PROFILES
+    from kubegpu.testing.session import wait_for
+
+    plane = controlplane.up(tmp_path / "cp", nodes=2, bins=k8s_binaries,
+                            scheduler_profiles=SCHEDULER_PROFILES["bin-packing"])
+    try:
+        cluster = admin_cluster(plane.kubeconfig)
+        first, _ = plane.nodes
+
+        def gpu_pod(name: str, node: str | None = None) -> dict[str, object]:
+            spec: dict[str, object] = {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                    "spec": {**spec, **({"nodeName": node} if node else {})}}
+
+        cluster.create(gpu_pod("already-there", first))
+        cluster.create(gpu_pod("placed"))
+        wait_for(lambda: bool(cluster.get("Pod", "placed", "default")["spec"].get("nodeName")),
+                 "pod placed bound", 60.0)
+        assert cluster.get("Pod", "placed", "default")["spec"]["nodeName"] == first
+        assert "MostAllocated" in (plane.directory / "scheduler-config.yaml").read_text()
+    finally:
+        controlplane.down(plane.directory)

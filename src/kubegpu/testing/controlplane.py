@@ -27,9 +27,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
+
+import yaml
 
 from kubegpu.errors import KubegpuError
+from kubegpu.files import write_durable
 from kubegpu.testing import k8sbuild, realnode
 from kubegpu.testing.kubeconfig import admin_cluster, write_kubeconfig
 from kubegpu.testing.kwoknodes import KWOK_SELECTOR, gpu_node, is_ready, node_names
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubegpu.testing.controlplane")
 
 HOST = "127.0.0.1"
+# kube-scheduler's client-side rate limit (default 50/s): binding a few hundred DRA pods at once (claim status +
+# binding + event each) should be limited by the scheduler's work, not by its throttle
+SCHEDULER_QPS, SCHEDULER_BURST = 500, 1000
 KUBECONFIG = "kubeconfig"
 # API versions served besides the defaults: DRA's older and alpha versions, and the Workload/PodGroup API that the
 # GenericWorkload gate (a dependency of DRAWorkloadResourceClaims) makes kube-scheduler watch — without it the
@@ -184,9 +190,12 @@ def _clean_directory(directory: Path) -> None:
 
 
 def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Path | None = None,
-       real_node: bool = False, node_gpus: str | None = None) -> ControlPlane:
+       real_node: bool = False, node_gpus: str | None = None,
+       scheduler_profiles: list[dict[str, Any]] | None = None) -> ControlPlane:
     """Start everything; on any failure stop what was started and raise ControlPlaneError naming the component.
-    ``real_node``: also containerd and a real kubelet (Node `real-node-0` with ``node_gpus`` simulated GPUs)."""
+    ``real_node``: also containerd and a real kubelet (Node `real-node-0` with ``node_gpus`` simulated GPUs).
+    ``scheduler_profiles``: kube-scheduler runs with these `KubeSchedulerConfiguration` profiles instead of its
+    default one (e.g. a bin-packing `NodeResourcesFit` scoring strategy)."""
     directory = Path(directory).resolve()
     if nodes < 0:
         raise ControlPlaneError(f"--nodes: must be >= 0, got {nodes}")
@@ -203,7 +212,7 @@ def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Pa
     started = time.monotonic()
     launcher = _Launcher(directory, bins)
     try:
-        plane = _start(directory, bins, launcher)
+        plane = _start(directory, bins, launcher, scheduler_profiles)
         if lock_fd is not None:
             fd, lock_fd = lock_fd, None
             plane.real_node = realnode.start(launcher, fd, plane.kubeconfig, directory / "pki" / "ca.crt",
@@ -226,7 +235,16 @@ def up(directory: Path | str, nodes: int = 1, gpus: str = DEFAULT_GPUS, bins: Pa
     return plane
 
 
-def _start(directory: Path, bins: Path, launcher: _Launcher) -> ControlPlane:
+def scheduler_config(kubeconfig: Path, profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """kube-scheduler's configuration file for `profiles`: with `--config` its connection flags are ignored, so the
+    kubeconfig, the rate limit (see `_start`) and leader election move into the file."""
+    return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig), "qps": SCHEDULER_QPS, "burst": SCHEDULER_BURST},
+            "leaderElection": {"leaderElect": False}, "profiles": profiles}
+
+
+def _start(directory: Path, bins: Path, launcher: _Launcher,
+           scheduler_profiles: list[dict[str, Any]] | None = None) -> ControlPlane:
     from kubegpu.testing import certs
 
     pki = certs.generate(directory / "pki")
@@ -274,11 +292,15 @@ def _start(directory: Path, bins: Path, launcher: _Launcher) -> ControlPlane:
         f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
         "--use-service-account-credentials=false", "--node-monitor-grace-period=2m",
     ])
+    scheduling = [f"--kube-api-qps={SCHEDULER_QPS}", f"--kube-api-burst={SCHEDULER_BURST}"]
+    if scheduler_profiles is not None:
+        config = directory / "scheduler-config.yaml"
+        write_durable(config, yaml.safe_dump(scheduler_config(kubeconfig, scheduler_profiles), sort_keys=False))
+        delegated = [a for a in delegated if not a.startswith(("--kubeconfig=", "--leader-elect="))]
+        scheduling = [f"--config={config}"]
     launcher.start("kube-scheduler", [
         *delegated, f"--secure-port={ports['kube-scheduler']}", f"--cert-dir={directory / 'pki' / 'scheduler'}",
-        # client-side rate limit (default 50/s): binding a few hundred DRA pods at once (claim status + binding
-        # + event each) should be limited by the scheduler's work, not by its throttle
-        "--kube-api-qps=500", "--kube-api-burst=1000",
+        *scheduling,
     ])
     launcher.start("kwok", [
         f"--kubeconfig={kubeconfig}", f"--config={bins / k8sbuild.KWOK_STAGES}",
