@@ -38,9 +38,11 @@ def test_noisy_neighbour_waits_less_with_elastic_quotas() -> None:
         assert total == pytest.approx(result.gpu_hours_allocated, rel=1e-6)
 
 
+ONE_A100_NODE = {"nodeGroups": [{"name": "a", "count": 1, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 8,
+                                "pricePerHour": 1.0}]}
+
 def test_plain_quota_caps_a_team_at_its_max() -> None:
-    data = {"cluster": {"nodeGroups": [{"name": "a", "count": 1, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 8,
-                                                   "pricePerHour": 1.0}]},
+    data = {"cluster": ONE_A100_NODE,
             "workload": {"classes": [{"name": "t", "arrivalsPerHour": 30, "gpus": [1], "memoryGiB": [10, 20],
                                       "compute": [0.5, 0.6], "runtime": ["1h", "2h"]}]},
             "teams": [{"name": "capped", "min": "0", "max": "160Gi", "share": 1.0}], "duration": "4h"}
@@ -51,8 +53,7 @@ def test_plain_quota_caps_a_team_at_its_max() -> None:
 
 
 def test_bad_teams_and_quota_without_teams_are_one_line_errors() -> None:
-    base = {"cluster": {"nodeGroups": [{"name": "a", "count": 1, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 8,
-                                                   "pricePerHour": 1.0}]},
+    base = {"cluster": ONE_A100_NODE,
             "workload": {"classes": [{"name": "t", "arrivalsPerHour": 1, "memoryGiB": [1, 2], "compute": [0.1, 0.2],
                                       "runtime": ["1h", "2h"]}]}}
     for teams, message in (([{"name": "a", "share": 1.5}], r"teams\[0\]\.share: must be in"),
@@ -70,8 +71,7 @@ def test_held_pods_wait_behind_the_quota_gate_so_no_controller_acts_for_them(str
     # a held pod is in the cluster gated, as the quota's admission policy creates it (a plain ResourceQuota refuses
     # it outright): the partitioner and the autoscaler pass over gated pods (test_elastic), so they never re-cut a
     # GPU or buy a node for a pod its team's quota holds back; a pod let through has no gate left
-    data = {"cluster": {"nodeGroups": [{"name": "a", "count": 1, "gpuModel": "A100-SXM4-80GB", "gpusPerNode": 8,
-                                                   "pricePerHour": 1.0}]},
+    data = {"cluster": ONE_A100_NODE,
             "workload": {"classes": [{"name": "t", "arrivalsPerHour": 30, "gpus": [1], "memoryGiB": [10, 20],
                                       "compute": [0.5, 0.6], "runtime": ["1h", "2h"]}]},
             "teams": [{"name": "capped", "min": "80Gi", "max": "160Gi", "share": 1.0}], "duration": "4h"}
