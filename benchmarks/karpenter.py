@@ -175,6 +175,11 @@ def table(trials: list[Trial]) -> list[str]:
     row("NodeClaims launched", lambda ts: (f"{_mean([t.launched for t in ts]):.0f}", _mean([t.launched for t in ts])))
     row("NodeClaims empty at the end", lambda ts: (f"{_mean([t.empty for t in ts]):.1f}",
                                                    _mean([t.empty for t in ts])))
+    row("none empty after the last bind (s)", lambda ts: (
+        _span([t.empty_gone_s for t in ts if t.empty_gone_s == t.empty_gone_s])
+        + (f" ({sum(1 for t in ts if t.empty_gone_s != t.empty_gone_s)} of {len(ts)}: not within the settle time)"
+           if any(t.empty_gone_s != t.empty_gone_s for t in ts) else ""),
+        _mean([t.empty_gone_s for t in ts])))
     row("price per hour (non-empty nodes)", lambda ts: (
         f"${_mean([t.price for t in ts]):,.0f} (${_mean([t.price_used for t in ts]):,.0f})",
         _mean([t.price for t in ts])))
@@ -209,8 +214,9 @@ Not comparable, stated plainly:
   (registration delay 0). A provider patched to publish them at creation bound no sooner (README).
 - Karpenter is one Go process using every core; kubegpu's autoscaler is one Python process. Both share this machine
   with the control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok) and the benchmark.
-- "Empty at the end" is read after the settle time; with consolidation off Karpenter never removes a node, while
-  kubegpu may delete a claim that ends up without pods before that reading.
+- "Empty at the end" is read once no claim is empty, or when the settle time after the last bind runs out (--settle,
+  30 s); "none empty after" is when that happened. With consolidation off Karpenter never removes a node, while
+  kubegpu deletes a claim that ends up without pods (a claim being deleted counts as empty until it is gone).
 - Autoscaler CPU seconds are read when the last pod is bound and include process start (Python imports, Go runtime);
   peak RSS is the process's high-water mark (VmHWM) at the end.
 - Pods lost: pods deleted after binding (kube-controller-manager's taint eviction racing the unregistered taint,
@@ -222,6 +228,7 @@ Not comparable, stated plainly:
 def run_e2e(args: argparse.Namespace) -> int:
     """The `--e2e` entry point: A/B/A/B trials per size, a table, the caveats."""
     from benchmarks.karpenter_e2e import SYSTEMS, Trial, kwok_binary, price_table, run_trial, write_types
+    from kubegpu.testing import controlplane
 
     if args.from_json:  # the table again from saved trials (several runs' files combined)
         loaded = [Trial(**{**t, "load": tuple(t["load"])}) for f in args.from_json.split(",")
@@ -257,7 +264,8 @@ def run_e2e(args: argparse.Namespace) -> int:
         say(f"end to end, Karpenter {VERSION} (kwok provider) vs kubegpu autoscaler (kwok provider): "
             f"{len(prices) // 8} instance types, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
             f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}; "
-            f"kube-scheduler profile: {args.scheduler}")
+            f"kube-scheduler profile: {args.scheduler}; kube-controller-manager and kube-scheduler at "
+            f"{controlplane.CONTROLLER_MANAGER_QPS} and {controlplane.SCHEDULER_QPS} requests/s")
         for size in sizes:
             for index in range(args.trials):
                 runs = [(s, v) for s in systems for v in (variants if s == "kubegpu" else [""])]
@@ -300,7 +308,8 @@ def main() -> int:
     e2e.add_argument("--pods", default="500", help="comma-separated burst sizes (default 500)")
     e2e.add_argument("--trials", type=int, default=1, help="trials per autoscaler and size (default 1)")
     e2e.add_argument("--cpu-share", type=float, default=0.0, help="share of CPU-only pods, 0..1 in tenths")
-    e2e.add_argument("--settle", type=float, default=10.0, help="seconds after the last bind before counting claims")
+    e2e.add_argument("--settle", type=float, default=30.0,
+                     help="at most this many seconds after the last bind, until no claim is empty, before counting")
     e2e.add_argument("--timeout", type=float, default=None, help="seconds a trial may take (default 300 + 0.6/pod)")
     e2e.add_argument("--keep-logs", default=None, help="copy each trial's component logs under this directory")
     e2e.add_argument("--json", default=None, help="write every trial's figures to this file as they come")

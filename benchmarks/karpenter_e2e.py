@@ -1,8 +1,10 @@
 """End to end beside Karpenter on the real control plane: `python benchmarks/karpenter.py --e2e` (see there).
 
 Each trial starts a FRESH control plane (`kubegpu.testing.controlplane.up`, no nodes: what
-`scripts/control-plane.sh up DIR --nodes 0` does), installs one autoscaler and its objects, creates the same burst of
-pending pods, and measures until kube-scheduler (the real one, default profile) has bound every pod:
+`scripts/control-plane.sh up DIR --nodes 0` does, with kube-controller-manager's and kube-scheduler's client rate
+limits at 500 requests/s, as `controlplane` sets them for every caller), installs one autoscaler and its objects,
+creates the same burst of pending pods, and measures until kube-scheduler (the real one, default profile) has bound
+every pod:
 
 - Karpenter: its kwok provider (`sigs.k8s.io/karpenter/kwok`, built from the pinned tools module into the cache),
   its CRDs (copied from the module at build time), a KWOKNodeClass (`nodeRegistrationDelay: 0s`, status patched
@@ -311,6 +313,9 @@ class Trial:
     attempts: dict[str, float] = field(default_factory=dict)
     requeues: dict[str, float] = field(default_factory=dict)
     api_requests: dict[str, float] = field(default_factory=dict)   # kube-apiserver's requests by "VERB resource"
+    # seconds from the last bind until no NodeClaim was without pods (nan: some still were when the settle time
+    # ran out; a claim being deleted counts until it is gone, as its instance is billed until then)
+    empty_gone_s: float = float("nan")
 
 
 def _create_all(clients: list[lightkube.Client], objects: list[Any], done: threading.Event,
@@ -382,7 +387,14 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
         trial.api_requests = apiserver_requests(real)
     except OSError as exc:
         say(f"  (kube-scheduler's metrics not read: {exc})")
-    time.sleep(settle)  # what the autoscaler does right after the last bind (e.g. delete empty claims) counts
+    last_bind = time.monotonic()
+    while True:   # what the autoscaler does right after the last bind (e.g. delete unused claims) counts
+        if not _empty_claims(client, launched.claim_kind):
+            trial.empty_gone_s = time.monotonic() - last_bind
+            break
+        if time.monotonic() - last_bind >= settle:
+            break
+        time.sleep(1.0)
     all_pods = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE)]
     binds = sorted(_stamp(c.get("lastTransitionTime")) - wall for p in all_pods
                    for c in (p.get("status") or {}).get("conditions") or []
@@ -412,6 +424,12 @@ def measure(real: RealCluster, launched: Launched, trial: Trial, pods: list[dict
         else:
             trial.empty += 1
     trial.rss_mib = peak_rss_mib(launched.process.pid)
+
+
+def _empty_claims(client: lightkube.Client, claim_kind: Any) -> int:
+    """NodeClaims whose node has no pod of the burst (those without a node yet included)."""
+    used = {p.spec.nodeName for p in client.list(Pod, namespace=NAMESPACE) if p.spec and p.spec.nodeName}
+    return sum(1 for c in client.list(claim_kind) if (c.to_dict().get("status") or {}).get("nodeName") not in used)
 
 
 def _metrics_text(real: RealCluster, component: str) -> str:

@@ -70,6 +70,11 @@ def _up_down_twice(directory: Path) -> None:
         assert [name for _, name in processes][-4:] == ["kube-apiserver", "kube-controller-manager",
                                                         "kube-scheduler", "kwok"]
         ports = set().union(*(_listening_ports(pid) for pid, _ in processes))
+        # kube-controller-manager and kube-scheduler write at the rates the benchmarks state, not at their defaults
+        flags = {name: Path(f"/proc/{pid}/cmdline").read_text().split("\0") for pid, name in processes}
+        assert f"--kube-api-qps={controlplane.CONTROLLER_MANAGER_QPS}" in flags["kube-controller-manager"]
+        assert f"--kube-api-burst={controlplane.CONTROLLER_MANAGER_BURST}" in flags["kube-controller-manager"]
+        assert f"--kube-api-qps={controlplane.SCHEDULER_QPS}" in flags["kube-scheduler"]
         nodes = admin_cluster(directory / "kubeconfig").list("Node")
         assert sorted(n["metadata"]["name"] for n in nodes) == ["kwok-gpu-0", "kwok-gpu-1"]
         assert all(n["status"]["allocatable"]["nvidia.com/gpu"] == "4" for n in nodes)

@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import parse_duration
+from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.objects import condition, created_at, is_true, name_of, same_taint, with_condition
 from kubegpu.autoscaler.provider import InsufficientCapacityError
 from kubegpu.errors import KubegpuError
@@ -103,12 +103,7 @@ class Lifecycle:
         if self.parallelism > 1:   # and a pass stays short: the rest of a burst's launches go in the next passes
             launched = sum(1 for c in busy if is_true(c, "Launched"))
             busy = busy[:launched + LAUNCHES_PER_WORKER * self.parallelism]
-        if self.parallelism > 1 and len(busy) > 1:
-            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(busy))) as pool:
-                list(pool.map(step, busy))
-        else:
-            for claim in busy:
-                step(claim)
+        each_at_once(step, busy, self.parallelism)
         stepped = {id(c) for c in busy}
         for claim in live:   # expiry for the settled ones (the busy ones were checked by their step)
             if id(claim) not in stepped:

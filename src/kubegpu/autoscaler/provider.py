@@ -14,11 +14,11 @@ from __future__ import annotations
 import builtins
 import hashlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.objects import has_taint
 from kubegpu.autoscaler.requirements import Requirements
@@ -203,12 +203,7 @@ class SimulatedProvider(InstanceListing):
         now = self.clock.now()
         due = [inst for inst in list(self.instances.values())   # launches (other threads of `run`) add meanwhile
                if not inst.published and now >= inst.created + self.registration_delay]
-        if self.parallelism > 1 and len(due) > 1:   # a burst's nodes come up together, not one API call at a time
-            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(due))) as pool:
-                list(pool.map(self._tick_one, due))
-        else:
-            for inst in due:
-                self._tick_one(inst)
+        each_at_once(self._tick_one, due, self.parallelism)   # a burst's nodes come up together
 
     def launched_node(self, provider_id: str) -> dict[str, Any] | None:
         """The Node `create` made for `provider_id`, once (then forgotten): the lifecycle registers it in the pass

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, template_hash
 from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed, take_snapshot
+from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.objects import (
@@ -340,33 +340,47 @@ class Provisioner:
         on = snapshot.pods_on
         surplus = self.surplus.update(live, on, needed, now)
         live_names = {name_of(c) for c in live}
+        uncordon: list[tuple[str, str]] = []
         for name in set(self._cordoned) - {name_of(c) for c in surplus}:
             node_name = self._cordoned.pop(name)[0]
             if name in live_names:   # it took a pod (or a plan wants it) while cordoned: keep it after all
                 self.log(f"nodeclaim {name}: in use after all; uncordoned")
-                if not self._try(name, partial(taint_node, self.cluster, node_name, False)):
-                    self._cordoned[name] = (node_name, now)   # still cordoned: try again next pass
-        terminate = self.terminate
-        if terminate is None:
-            return
-        for claim in surplus:
+                uncordon.append((name, node_name))
+        cordon: list[tuple[str, str]] = []
+        terminate: list[Mapping[str, Any]] = []
+        for claim in surplus if self.terminate is not None else ():
             name = name_of(claim)
             node = snapshot.nodes.get((claim.get("status") or {}).get("nodeName") or "")
             if node is not None:
                 cordoned = self._cordoned.get(name)
                 if cordoned is None:
-                    if shapes and could_take(node, on.get(name_of(node), []), shapes):
-                        continue
-                    if self._try(name, partial(taint_node, self.cluster, name_of(node), True)):
-                        self._cordoned[name] = (name_of(node), now)
+                    if not (shapes and could_take(node, on.get(name_of(node), []), shapes)):
+                        cordon.append((name, name_of(node)))
                     continue
                 if not has_taint(node, L.DISRUPTED_TAINT):
                     self._cordoned[name] = (cordoned[0], now)   # the cordon is not in this view yet: wait on
                     continue
                 if now - cordoned[1] < self.surplus.grace:
                     continue
-            if self._try(name, partial(terminate, dict(claim), "unused")):
-                self._cordoned.pop(name, None)
+            terminate.append(claim)
+        # the decisions above are this pass's; the writes go out together (a burst ends with hundreds unused)
+        lifted = self._each_write([(name, partial(taint_node, self.cluster, node, False)) for name, node in uncordon])
+        for (name, node_name), done in zip(uncordon, lifted, strict=True):
+            if not done:
+                self._cordoned[name] = (node_name, now)   # still cordoned: try again next pass
+        laid = self._each_write([(name, partial(taint_node, self.cluster, node, True)) for name, node in cordon])
+        for (name, node_name), done in zip(cordon, laid, strict=True):
+            if done:
+                self._cordoned[name] = (node_name, now)
+        if self.terminate is not None:
+            ended = self._each_write([(name_of(c), partial(self.terminate, dict(c), "unused")) for c in terminate])
+            for claim, done in zip(terminate, ended, strict=True):
+                if done:
+                    self._cordoned.pop(name_of(claim), None)
+
+    def _each_write(self, writes: Sequence[tuple[str, Callable[[], object]]]) -> list[bool]:
+        """Each claim's write, up to `parallelism` at a time; whether each went through."""
+        return each_at_once(lambda item: self._try(*item), writes, self.parallelism)
 
     def _try(self, claim: str, write: Callable[[], object]) -> bool:
         try:
@@ -426,12 +440,7 @@ class Provisioner:
                 self.log(f"nodepool {plan.nodepool}: cannot create a NodeClaim ({plan.instance_type}) for "
                          f"{len(plan.pods)} pods: {exc}; retried with the next batch")
 
-        if self.parallelism == 1 or len(result.claims) <= 1:
-            for plan in result.claims:
-                create(plan)
-            return
-        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(result.claims))) as pool_:
-            list(pool_.map(create, result.claims))
+        each_at_once(create, result.claims, self.parallelism)
 
     def _readable(self, pod: dict[str, Any]) -> bool:
         """A pod whose spec the provisioner cannot read is reported once and left out; the rest are served."""

@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import parse_duration
+from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.objects import drain_group, has_taint, name_of
 from kubegpu.autoscaler.provider import NodeClaimNotFoundError
 from kubegpu.errors import KubegpuError
@@ -167,12 +167,7 @@ class Termination:
                 self._failures[name] = (attempts + 1, now + delay)
                 self.log(f"nodeclaim {name}: termination: {exc} (attempt {attempts + 1}; retrying in {delay:.0f}s)")
 
-        if self.parallelism > 1 and len(due) > 1:   # a burst's unused claims go together, each on its own
-            with ThreadPoolExecutor(max_workers=min(self.parallelism, len(due))) as pool:
-                list(pool.map(one, due))
-        else:
-            for item in due:
-                one(item)
+        each_at_once(one, due, self.parallelism)   # a burst's unused claims go together, each on its own
         self._follow_deleted_nodes(snapshot)
 
     def _follow_deleted_nodes(self, snapshot: Snapshot) -> None:
@@ -281,8 +276,10 @@ def taint_node(cluster: Cluster, node_name: str, disrupted: bool) -> None:
         node = cluster.get("Node", node_name)
     except KubegpuError:
         return
-    taints = [t for t in (node.get("spec") or {}).get("taints") or []
-              if t.get("key") != L.DISRUPTED_TAINT["key"]]
+    current = (node.get("spec") or {}).get("taints") or []
+    taints = [t for t in current if t.get("key") != L.DISRUPTED_TAINT["key"]]
+    if has_taint(node, L.DISRUPTED_TAINT) == disrupted and len(current) - len(taints) == int(disrupted):
+        return   # already as asked (a surplus claim's node is cordoned before its termination starts)
     if disrupted:
         taints.append(dict(L.DISRUPTED_TAINT))
     cluster.patch("Node", node_name, {"spec": {"taints": taints}})

@@ -51,6 +51,10 @@ HOST = "127.0.0.1"
 # kube-scheduler's client-side rate limit (default 50/s): binding a few hundred DRA pods at once (claim status +
 # binding + event each) should be limited by the scheduler's work, not by its throttle
 SCHEDULER_QPS, SCHEDULER_BURST = 500, 1000
+# kube-controller-manager's, per controller (default 20/s): its node controller lifts the `not-ready:NoSchedule` taint
+# that admission puts on every new Node, a GET and a PATCH per node, so at the default a burst of new nodes becomes
+# schedulable at about 5 nodes a second whatever launched them
+CONTROLLER_MANAGER_QPS, CONTROLLER_MANAGER_BURST = 500, 1000
 KUBECONFIG = "kubeconfig"
 # API versions served besides the defaults: DRA's older and alpha versions, and the Workload/PodGroup API that the
 # GenericWorkload gate (a dependency of DRAWorkloadResourceClaims) makes kube-scheduler watch — without it the
@@ -291,6 +295,7 @@ def _start(directory: Path, bins: Path, launcher: _Launcher,
         f"--service-account-private-key-file={pki.sa_private}", f"--root-ca-file={pki.ca_cert}",
         f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
         "--use-service-account-credentials=false", "--node-monitor-grace-period=2m",
+        f"--kube-api-qps={CONTROLLER_MANAGER_QPS}", f"--kube-api-burst={CONTROLLER_MANAGER_BURST}",
     ])
     scheduling = [f"--kube-api-qps={SCHEDULER_QPS}", f"--kube-api-burst={SCHEDULER_BURST}"]
     if scheduler_profiles is not None:
