@@ -78,6 +78,18 @@ def test_the_table_has_a_column_and_a_ratio_per_kubegpu_variant() -> None:
     assert single[0] == "| | kubegpu 500 | Karpenter 500 | kubegpu / Karpenter |"
 
 
+def test_the_table_says_when_the_last_empty_claim_went_and_which_trials_never_got_there() -> None:
+    from benchmarks.karpenter import table
+
+    nan = float("nan")
+    trials = [e2e.Trial("kubegpu", 500, all_bound_s=30.0, empty_gone_s=3.2),
+              e2e.Trial("kubegpu", 500, all_bound_s=31.0, empty_gone_s=5.4),
+              e2e.Trial("karpenter", 500, all_bound_s=30.0, empty_gone_s=0.4),
+              e2e.Trial("karpenter", 500, all_bound_s=31.0, empty_gone_s=nan)]   # an empty claim stayed
+    [row] = [r for r in table(trials) if r.startswith("| none empty after the last bind (s) |")]
+    assert row.split("|")[2:-1] == [" 3–5 s ", " 0–0 s (1 of 2: not within the settle time) ", " – "]
+
+
 def test_the_control_planes_counters_are_summed_by_what_the_table_shows() -> None:
     from benchmarks.karpenter_e2e import counts_by, request_key
 

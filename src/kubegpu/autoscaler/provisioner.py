@@ -379,16 +379,17 @@ class Provisioner:
                     self._cordoned.pop(name_of(claim), None)
 
     def _each_write(self, writes: Sequence[tuple[str, Callable[[], object]]]) -> list[bool]:
-        """Each claim's write, up to `parallelism` at a time; whether each went through."""
-        return each_at_once(lambda item: self._try(*item), writes, self.parallelism)
+        """Each claim's write, up to `parallelism` at a time; whether each went through (a failure is logged)."""
+        def attempt(item: tuple[str, Callable[[], object]]) -> bool:
+            claim, write = item
+            try:
+                write()
+                return True
+            except KubegpuError as exc:
+                self.log(f"nodeclaim {claim}: cannot let the unused claim go: {exc}")
+                return False
 
-    def _try(self, claim: str, write: Callable[[], object]) -> bool:
-        try:
-            write()
-            return True
-        except KubegpuError as exc:
-            self.log(f"nodeclaim {claim}: cannot let the unused claim go: {exc}")
-            return False
+        return each_at_once(attempt, writes, self.parallelism)
 
     def schedule(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]],
                  exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
