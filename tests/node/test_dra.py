@@ -188,3 +188,46 @@ def test_an_mps_shared_claim_serves_two_pods(real_node: NodeSession, node_ns: st
         cluster.delete("ResourceClaim", "shared-mps", node_ns)
         until(lambda: not spec_files(real_node, uid), "the claim unprepared")
         until(lambda: not (mps_root / f"claim-{uid}").exists(), "the claim's MPS directories removed")
+
+
+def share_template(name: str, namespace: str, thousandths: int, gpu_uuid: str) -> dict[str, object]:
+    """A claim template for `thousandths` of the GPU with this UUID (class fraction.gpu.kubegpu.io)."""
+    template = claim_template(name, namespace, "fraction.gpu.kubegpu.io",
+                              selector=f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid}'")
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {  # type: ignore[index]
+        "requests": {"gpu.nvidia.com/compute": str(thousandths)}}
+    return template
+
+
+def test_fractional_shares_of_one_gpu_get_their_mps_limits(real_node: NodeSession, node_ns: str) -> None:
+    """`--fractional`: kube-scheduler packs 300 and 700 thousandths of one GPU into it (consumable capacity), each
+    pod runs with MPS limits in proportion (30 % / 70 % of the threads, the same share of the GPU's memory), and a
+    third share of 100 finds no room on that GPU."""
+    cluster = real_node.cluster
+    backend = SimulatedBackend(real_node.node.node_file)
+    gpu = backend.devices()[0]
+    mps_root = real_node.node.paths.directory / "mps-fraction"
+    with running(real_node.dra_driver("--fractional", "--mps-root", str(mps_root), name="dra-fraction")) as driver:
+        driver.wait_log("registered with the kubelet")
+        until(lambda: node_slices(real_node), "the driver's ResourceSlices")
+        seen = {}
+        for share in (300, 700):
+            cluster.create(share_template(f"share-{share}", node_ns, share, gpu.uuid))
+            pod = claim_pod(real_node, node_ns, f"share-{share}", f"share{share}")
+            seen[share] = (pod, start_probe(cluster, pod))
+        for share, (pod, result) in seen.items():
+            [claim] = pod_claims(pod, cluster)
+            [allocated] = claim["status"]["allocation"]["devices"]["results"]
+            assert allocated["device"] == f"gpu-{gpu.index}" and allocated["shareID"]
+            assert allocated["consumedCapacity"]["compute"] == str(share)
+            assert result.env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
+            assert result.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(share // 10)
+            assert result.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={gpu.memory_mib * share // 1000}M"
+        cluster.create(share_template("share-100", node_ns, 100, gpu.uuid))
+        third = claim_pod(real_node, node_ns, "share-100", "share100")
+        cluster.create(third)
+        name = third["metadata"]["name"]  # type: ignore[index]
+        message = until(lambda: real_node.real.unschedulable_message(name, node_ns), "kube-scheduler: no fit")
+        assert "claim" in message.lower() or "device" in message.lower(), message
+        for pod, _ in seen.values():
+            delete_pod(cluster, pod["metadata"]["name"], node_ns)  # type: ignore[index]

@@ -1,0 +1,90 @@
+"""Fractional GPUs on the real control plane: the API server accepts the `--fractional` driver's shared devices
+(allowMultipleAllocations, a consumable `compute` with its requestPolicy) and the fraction DeviceClass, and the real
+kube-scheduler packs shares exactly as our allocator does — same device and same consumedCapacity for every claim,
+and the same claims left without room."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from kubegpu.dra.classes import shipped_class_objects
+from kubegpu.dra.devices import gpu_offers, read_node
+from kubegpu.dra.slices import build_slices
+from kubegpu.gpu.simulated import SimulatedBackend
+from kubegpu.kube.errors import ApiError
+from kubegpu.scheduling.dra import allocate_in_order, parse_all
+from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.testing.session import wait_for
+from tests.dra.test_controlplane import TAINT, pod
+
+if TYPE_CHECKING:
+    from kubegpu.testing.session import RealCluster
+
+pytestmark = pytest.mark.apiserver
+NODE = "dra-fraction"
+
+
+def share(name: str, namespace: str, thousandths: int | None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "fraction.gpu.kubegpu.io"}
+    if thousandths is not None:
+        exactly["capacity"] = {"requests": {"gpu.nvidia.com/compute": str(thousandths)}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def summary(results: list[dict[str, Any]]) -> list[tuple[str, dict[str, float]]]:
+    return [(r["device"], {k: parse_quantity(v) for k, v in r["consumedCapacity"].items()}) for r in results]
+
+
+def test_real_scheduler_packs_shares_like_our_allocator(real_cluster: RealCluster, namespace: str,
+                                                        tmp_path: Path) -> None:
+    admin = real_cluster.admin
+    real_cluster.add_gpu_node(NODE, gpus="2xA100-SXM4-80GB")
+    admin.patch("Node", NODE, {"spec": {"taints": [TAINT]}})  # only this test's pods land here
+    backend = SimulatedBackend.create(tmp_path / "node.json", gpus="2xA100-SXM4-80GB", node_name=NODE)
+    slices = build_slices(NODE, gpu_offers(read_node(backend), dynamic_mig=False, fractional=True))
+    classes = shipped_class_objects()
+    # 300 + 700 fill gpu-0; 100 opens gpu-1; a claim naming no share takes a whole GPU (none left whole);
+    # 900 fills gpu-1; 1 finds no thousandth left
+    objects = [share(name, namespace, amount) for name, amount in
+               (("a", 300), ("b", 700), ("c", 100), ("whole", None), ("d", 900), ("e", 1))]
+    try:
+        for device_class in classes:
+            with contextlib.suppress(ApiError):
+                admin.create(device_class)
+        for item in slices:
+            admin.create(item)
+        real: dict[str, Any] = {}
+        for obj in objects:
+            name = obj["metadata"]["name"]
+            admin.create(obj)
+            admin.create(pod(name, namespace, name))
+            if name in ("whole", "e"):
+                wait_for(lambda n=name: real_cluster.unschedulable_message(n, namespace) or None,
+                         f"{name} unschedulable")
+                continue
+            assert real_cluster.wait_bound(name, namespace) == NODE
+            allocation = wait_for(lambda n=name: (admin.get("ResourceClaim", n, namespace).get("status") or {})
+                                  .get("allocation"), f"claim {name} allocated")
+            results = allocation["devices"]["results"]
+            assert all(r.get("shareID") for r in results)
+            real[f"{namespace}/{name}"] = summary(results)
+        ours = allocate_in_order(parse_all(slices, "ResourceSlice", "slices"),
+                                 {c.name: c for c in parse_all(classes, "DeviceClass", "classes")},
+                                 parse_all(objects, "ResourceClaim", "claims"))
+        assert {k: summary(o.to_json()["results"]) for k, o in ours.items() if o.results is not None} == real
+        assert real[f"{namespace}/a"] == [("gpu-0", {"compute": 300.0, "memory": 0.0})]
+        assert ours[f"{namespace}/whole"].results is None and ours[f"{namespace}/e"].results is None
+    finally:
+        for item in slices:
+            with contextlib.suppress(ApiError):
+                admin.delete("ResourceSlice", item["metadata"]["name"])
+        for device_class in classes:  # `gpu.nvidia.com` maps nvidia.com/gpu onto DRA: later tests must not meet it
+            with contextlib.suppress(ApiError):
+                admin.delete("DeviceClass", device_class["metadata"]["name"])
+        real_cluster.delete_node(NODE)
