@@ -31,7 +31,7 @@ FRACTION = "fraction.gpu.kubegpu.io"
 def share(name: str, thousandths: int | None, cls: str = FRACTION, namespace: str = "default") -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": cls}
     if thousandths is not None:
-        exactly["capacity"] = {"requests": {"gpu.nvidia.com/compute": str(thousandths)}}
+        exactly["capacity"] = {"requests": {"compute": str(thousandths)}}
     return claim(name, {"name": "gpu", "exactly": exactly}, namespace=namespace)
 
 

@@ -195,7 +195,7 @@ def share_template(name: str, namespace: str, thousandths: int, gpu_uuid: str) -
     template = claim_template(name, namespace, "fraction.gpu.kubegpu.io",
                               selector=f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid}'")
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {  # type: ignore[index]
-        "requests": {"gpu.nvidia.com/compute": str(thousandths)}}
+        "requests": {"compute": str(thousandths)}}
     return template
 
 

@@ -41,7 +41,7 @@ def claim(name: str, thousandths: int | None, count: int = 1, cls: str = "fracti
           **extra: Any) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": cls, "count": count, **extra}
     if thousandths is not None:
-        exactly["capacity"] = {"requests": {"gpu.nvidia.com/compute": str(thousandths)}}
+        exactly["capacity"] = {"requests": {"compute": str(thousandths)}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "ml"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}

@@ -15,8 +15,9 @@ would refuse.
 
 Fractional GPUs (`fractional`): a whole GPU not in MIG mode is published as a shared device
 (`allowMultipleAllocations`, DRAConsumableCapacity) with a consumable capacity `compute` of 1000 thousandths, so a
-claim asks for part of it with `capacity.requests: {gpu.nvidia.com/compute: 300}` and kube-scheduler (or kubegpu's
-allocator) packs shares until the thousandths run out. `compute` defaults to 1000, so a claim that names no
+claim asks for part of it with `capacity.requests: {compute: 300}` (the name exactly as published: kube-scheduler
+1.37 does not match `gpu.nvidia.com/compute` to it) and kube-scheduler (or kubegpu's allocator) packs shares until
+the thousandths run out. `compute` defaults to 1000, so a claim that names no
 capacity still gets the GPU to itself; `memory` is not consumed separately (default and only valid value 0): a
 share's memory is in proportion to its compute, and that is what prepare enforces (MPS active-thread percentage
 and pinned device-memory limit). One number to ask for, one to pack: the scheduler cannot over-commit memory that

@@ -168,9 +168,9 @@ def pod_request(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> PodAsk:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"{where}: {path}.count: expected an integer >= 1")
     asked = ((exactly.get("capacity") or {}).get("requests") or {})
-    unknown = sorted(k for k in asked if k not in (COMPUTE, f"{DRIVER}/{COMPUTE}"))
+    unknown = sorted(k for k in asked if k not in (COMPUTE,))
     if unknown:
-        raise ConfigError(f"{where}: {path}.capacity.requests: only {DRIVER}/{COMPUTE} is placed, not {unknown[0]}")
+        raise ConfigError(f"{where}: {path}.capacity.requests: only {COMPUTE} is placed, not {unknown[0]}")
     milli = MILLI
     if asked:
         try:

@@ -42,7 +42,6 @@ from kubegpu.scheduling.dra.model import (
     ResourceSlice,
     Result,
     SubRequest,
-    qualify,
 )
 
 MAX_DEVICES_PER_CLAIM = 32  # AllocationResultsMaxSize
@@ -358,8 +357,10 @@ class Allocator:
 
 
 def _requested(device: Device, sub: SubRequest) -> dict[str, float]:
-    """The request's `capacity.requests` with names qualified by the device's driver."""
-    return {qualify(name, device.id.driver): amount for name, amount in sub.capacity}
+    """The request's `capacity.requests` by the device's (fully qualified) capacity names. As in kube-scheduler
+    1.37, a requested name must be written exactly as the slice publishes it (`compute` does not match a published
+    `gpu.nvidia.com/compute`, nor the other way round); one that is not stays unknown, so the device does not fit."""
+    return {device.written.get(name, f"?{name}"): amount for name, amount in sub.capacity}
 
 
 def consumed_by(results: Iterable[Result]) -> dict[DeviceId, dict[str, float]]:

@@ -67,6 +67,7 @@ class Device:
     memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     multiple: bool = False  # allowMultipleAllocations: shared by claims through consumable capacity
     policies: Mapping[str, RequestPolicy] = field(default_factory=dict, compare=False, hash=False)
+    written: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)  # capacity key as published
 
     def attribute(self, name: str) -> AttrValue | None:
         """matchAttribute lookup: the fully qualified name, or the bare id when its domain is the driver's."""
@@ -302,10 +303,11 @@ def _parse_device(ctx: _Ctx, item: Mapping[str, Any], path: str, driver: str, po
     name = ctx.text(item.get("name"), f"{path}.name")
     attributes = {qualify(k, driver): _attr_value(ctx, v, f"{path}.attributes.{k}")
                   for k, v in ctx.mapping(item.get("attributes"), f"{path}.attributes").items()}
-    capacity, policies = {}, {}
+    capacity, policies, written = {}, {}, {}
     for k, v in ctx.mapping(item.get("capacity"), f"{path}.capacity").items():
         entry = ctx.mapping(v, f"{path}.capacity.{k}")
         capacity[qualify(k, driver)] = ctx.quantity(entry.get("value"), f"{path}.capacity.{k}.value")
+        written[k] = qualify(k, driver)
         if entry.get("requestPolicy") is not None:
             policies[qualify(k, driver)] = _policy(ctx, entry["requestPolicy"], f"{path}.capacity.{k}.requestPolicy")
     consumes = []
@@ -326,7 +328,8 @@ def _parse_device(ctx: _Ctx, item: Mapping[str, Any], path: str, driver: str, po
     multiple = item.get("allowMultipleAllocations") is True
     view = _cel_view(driver, attributes, capacity, multiple)
     return Device(id=DeviceId(driver, pool, name), attributes=attributes, capacity=capacity,
-                  consumes=tuple(consumes), taints=tuple(taints), view=view, multiple=multiple, policies=policies)
+                  consumes=tuple(consumes), taints=tuple(taints), view=view, multiple=multiple, policies=policies,
+                  written=written)
 
 
 def _policy(ctx: _Ctx, value: object, path: str) -> RequestPolicy:
