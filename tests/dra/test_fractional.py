@@ -165,3 +165,19 @@ def test_prepare_enforces_a_share_through_mps_limits() -> None:
                 await server.stop()
 
         asyncio.run(run())
+
+
+def test_the_example_template_asks_for_300_thousandths(tmp_path: Path) -> None:
+    """examples/fractional-gpu.yaml, as a claim generated from its template, gets 300 thousandths of a shared GPU."""
+    import yaml
+
+    docs = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples" / "fractional-gpu.yaml")
+                                   .read_text()))
+    [template] = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    [pod] = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == template["metadata"]["name"]
+    generated = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": "small-inference-gpu", "namespace": "default"}, "spec": template["spec"]["spec"]}
+    answer = allocate(published(tmp_path), [generated])
+    [result] = answer["default/small-inference-gpu"]["results"]
+    assert result["consumedCapacity"] == {"compute": "300", "memory": "0"}
