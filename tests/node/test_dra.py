@@ -229,5 +229,10 @@ def test_fractional_shares_of_one_gpu_get_their_mps_limits(real_node: NodeSessio
         name = third["metadata"]["name"]  # type: ignore[index]
         message = until(lambda: real_node.real.unschedulable_message(name, node_ns), "kube-scheduler: no fit")
         assert "claim" in message.lower() or "device" in message.lower(), message
+        uids = [pod_claims(pod, cluster)[0]["metadata"]["uid"] for pod, _ in seen.values()]
         for pod, _ in seen.values():
             delete_pod(cluster, pod["metadata"]["name"], node_ns)  # type: ignore[index]
+        delete_pod(cluster, name, node_ns)
+        for uid in uids:  # unprepared while the driver still runs (the kubelet waits on it to let the pods go)
+            until(lambda u=uid: not spec_files(real_node, u), "the share's claim unprepared")
+            assert not (mps_root / f"claim-{uid}").exists()
