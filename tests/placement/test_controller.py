@@ -144,3 +144,22 @@ def test_a_claim_written_but_not_bound_is_bound_next_pass(cluster: BindingCluste
     assert decision.node == written[0]["pool"] and decision.devices == (written[0]["device"],)
     assert cluster.get("ResourceClaim", "p", "ml")["status"]["allocation"]["devices"]["results"] == written
     assert pod_claim_names(cluster.get("Pod", "p", "ml")) == ["p"]
+
+
+def test_node_filters_other_than_resources_still_apply(cluster: BindingCluster) -> None:
+    """A pod pinned by nodeSelector goes there even where the policy would rather not; a tainted node takes only
+    pods that tolerate the taint."""
+    cluster.patch("Node", "gpu-a", {"metadata": {"labels": {"pool": "a"}},
+                                    "spec": {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}})
+    cluster.create(claim("pinned", 300))
+    pinned = pod("pinned", "2026-01-01T00:00:00Z")
+    pinned["spec"]["nodeSelector"] = {"pool": "a"}
+    pinned["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
+    cluster.create(pinned)
+    for i in range(3):
+        cluster.create(claim(f"free{i}", 300))
+        cluster.create(pod(f"free{i}", f"2026-01-01T00:00:0{i + 1}Z"))
+    result = PlacementController(cluster, make_policy("kubegpu"), leader_elect=False).tick(1000.0)
+    where = {d.pod: d.node for d in result.bound}
+    assert where["ml/pinned"] == "gpu-a"
+    assert {where[f"ml/free{i}"] for i in range(3)} == {"gpu-b"}  # gpu-a's taint is not tolerated

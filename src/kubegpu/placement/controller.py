@@ -12,7 +12,8 @@ allocates here (consumedCapacity on the same shared devices).
 One pass (`tick`), while holding the `kubegpu-place` Lease: read nodes, the driver's ResourceSlices, pods and claims
 from informers; build the placement state (`objects.build_state`); take pending pods in arrival order
 (creationTimestamp, then name); for each, `choose` with the configured policy — the very code the trace simulator
-runs — then, record before act: write the claim's allocation (devices, consumedCapacity, shareID, node selector)
+runs — among the nodes kube-scheduler's other filters allow (cordon, taints, nodeSelector, required node affinity:
+`kubegpu.scheduling.fit`), then, record before act: write the claim's allocation (devices, consumedCapacity, shareID, node selector)
 and `reservedFor` in one status write carrying the resourceVersion read (a conflict means someone else moved: the
 pod is retried next pass), and only then bind the pod through the Binding API. A pod whose claim is already
 allocated and reserved for it (a bind that failed after the write) is bound to that node. A pod that fits nowhere,
@@ -35,8 +36,10 @@ from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.placement.objects import (
     DRIVER,
     allocation_status,
+    allowed_nodes,
     build_state,
     inventory,
+    only_nodes,
     placed_devices,
     pod_claim_names,
     pod_request,
@@ -114,7 +117,9 @@ class PlacementController:
         by_key = {f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c
                   for c in claims}
         gpus = inventory(self.cluster.list("ResourceSlice"), self.driver)
-        state = build_state(self.cluster.list("Node"), gpus, pods, claims, self.driver)
+        nodes = self.cluster.list("Node")
+        state = build_state(nodes, gpus, pods, claims, self.driver)
+        by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
         result = TickResult()
         for pod in waiting:
             namespace = (pod.get("metadata") or {}).get("namespace") or "default"
@@ -128,12 +133,14 @@ class PlacementController:
                 continue
             try:
                 ask = pod_request(pod, claim)
+                allowed = allowed_nodes(pod, by_name, state)
             except KubegpuError as exc:
                 self._report(pod, str(exc))
                 continue
             node = self._already_placed(claim, pod)
             if node is None:
-                placement = choose(ask.request, state, self.policy)
+                with only_nodes(state, allowed):
+                    placement = choose(ask.request, state, self.policy)
                 if placement is None:
                     result.pending += 1
                     self._report(pod, f"no node has {ask.request.gpu_count} GPU(s) with {ask.request.gpu_milli} "

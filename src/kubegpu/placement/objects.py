@@ -16,14 +16,16 @@ Pure: dicts in, dataclasses and dicts out; the controller does the reading and w
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling.dra.capacity import share_id
+from kubegpu.scheduling.fit import NodeInfo, fits, pod_requirements
 from kubegpu.scheduling.placement import MILLI, ClusterState, Placement, Request
 from kubegpu.scheduling.pods import is_finished, pod_key
 from kubegpu.scheduling.quantity import format_quantity, parse_quantity
@@ -127,6 +129,29 @@ def build_state(nodes: Sequence[Mapping[str, Any]], gpus: Mapping[str, NodeGpus]
                 state.gpu_free[slot] -= consumed_milli(result)
     state.version += 1
     return state
+
+
+def allowed_nodes(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], state: ClusterState) -> set[int]:
+    """The state's nodes the pod may go to by kube-scheduler's filters other than resources (cordon, nodeName,
+    taints and tolerations, nodeSelector and required node affinity); resources are the placement core's."""
+    need = pod_requirements(pod, {})
+    return {i for i, name in enumerate(state.names)
+            if name in nodes and fits(need, NodeInfo(dict(nodes[name]), {}))}
+
+
+@contextlib.contextmanager
+def only_nodes(state: ClusterState, allowed: set[int]) -> Iterator[None]:
+    """While inside, the other nodes of the state fit nothing (their free CPU reads -1, so `feasible` rules them
+    out for every policy); their versions move on entry and exit, so a policy's per-node caches are redone."""
+    hidden = [n for n in range(len(state)) if n not in allowed]
+    saved = state.cpu_free[hidden].copy()
+    state.cpu_free[hidden] = -1
+    state.version[hidden] += 1
+    try:
+        yield
+    finally:
+        state.cpu_free[hidden] = saved
+        state.version[hidden] += 1
 
 
 def consumed_milli(result: Mapping[str, Any]) -> int:
