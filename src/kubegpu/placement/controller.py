@@ -13,11 +13,12 @@ One pass (`tick`), while holding the `kubegpu-place` Lease: read nodes, the driv
 from informers; build the placement state (`objects.build_state`); take pending pods in arrival order
 (creationTimestamp, then name); for each, `choose` with the configured policy — the very code the trace simulator
 runs — among the nodes kube-scheduler's other filters allow (cordon, taints, nodeSelector, required node affinity:
-`kubegpu.scheduling.fit`), then, record before act: write the claim's allocation (devices, consumedCapacity, shareID, node selector)
-and `reservedFor` in one status write carrying the resourceVersion read (a conflict means someone else moved: the
-pod is retried next pass), and only then bind the pod through the Binding API. A pod whose claim is already
-allocated and reserved for it (a bind that failed after the write) is bound to that node. A pod that fits nowhere,
-or whose claim is of a shape not placed here, gets one FailedScheduling event and stays pending.
+`kubegpu.scheduling.fit`), then, record before act: write the claim's allocation (devices, consumedCapacity,
+shareID, node selector) and `reservedFor` in one status write carrying the resourceVersion read (a conflict means
+someone else moved: the pod is retried next pass), and only then bind the pod through the Binding API. A pod
+whose claim is already allocated and reserved for it (a bind that failed after the write) is bound to that node. A
+pod that fits nowhere, or whose claim is of a shape not placed here, gets one FailedScheduling event and stays
+pending.
 """
 
 from __future__ import annotations
