@@ -29,8 +29,8 @@ Shape = tuple[int, int, int, frozenset[str]]
 
 POPULARITY_COVER = 0.95
 """FGD's target workload keeps the most popular shapes that together make up this share of the tasks."""
-POPULARITY_STEP = 10
-"""... adding shapes ten at a time, most popular first."""
+POPULARITY_STEP = 1
+"""... adding shapes one at a time, most popular first (the artifact's default step)."""
 
 
 def shape_of(request: Request) -> Shape:
@@ -189,7 +189,8 @@ class _GradientPolicy:
 class FgdPolicy(_GradientPolicy):
     """FGD as the paper runs it: the target workload is the popular shapes of the whole task list (fixed), a
     node's score is sigmoid(fragmentation decrease / 1000) scaled to kube-scheduler's 0..100 integers, the GPU of a
-    sharing task the first with the best score, and ties between nodes are broken at random."""
+    sharing task the first with the best score, and ties between nodes go to the smallest node name (the artifact's
+    patched selectHost)."""
 
     def _target(self, state: ClusterState) -> Workload:
         return Workload.from_counts(typical_shapes(self._context.workload), state.model_names)
@@ -200,7 +201,7 @@ class FgdPolicy(_GradientPolicy):
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
         best = np.flatnonzero(masked == masked.max())
-        return int(best[self._rng.integers(len(best))])
+        return int(best[np.argmin(state.name_rank[best])])
 
 
 class KubegpuPolicy(_GradientPolicy):
