@@ -16,8 +16,9 @@ from kubegpu.errors import ConfigError
 from kubegpu.scheduling.placement import MILLI, ClusterState, Request, state_from_nodes
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
-"""The pod list's columns the replay reads; the others (qos, phase, times) are accepted and ignored."""
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+"""The pod list's columns the replay needs; `gpu_spec` (allowed models) is read when present (the multigpu variants
+omit it), the others (qos, phase, times) are accepted and ignored."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def read_pods(path: Path) -> list[Task]:
         if count > 1 and milli != MILLI:
             raise ConfigError(f"{path}:{line}: column gpu_milli: {milli} on a task with num_gpu {count} "
                               f"(multi-GPU tasks take whole GPUs: {MILLI})")
-        models = frozenset(m.strip() for m in row["gpu_spec"].split("|") if m.strip())
+        models = frozenset(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         request = Request(_int(path, line, row, "cpu_milli", 0), _int(path, line, row, "memory_mib", 0),
                           count, milli if count else 0, models)
         tasks.append(Task(name, request))
