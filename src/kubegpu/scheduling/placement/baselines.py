@@ -1,8 +1,9 @@
 """The placement heuristics FGD's paper compares against, re-implemented from its description, and kube-scheduler's
 default scoring. Each scores every feasible node in one vectorised step.
 
-Ties: kube-scheduler picks at random among the best-scoring nodes, and so do the paper's baselines here (seeded), so
-their figures are comparable with the published ones; `kube-default` keeps kubegpu.scheduling's rule (first node).
+Ties: the paper's artifact patches kube-scheduler to take the node with the smallest name among the best-scoring ones
+(for reproducibility), and so do the baselines here (`ClusterState.name_rank`), so their figures are comparable with
+the published ones; `kube-default` keeps kubegpu.scheduling's rule (the first node in the state's order).
 GPUs within the chosen node: best fit (`best_fit_gpus`) unless the policy says otherwise.
 """
 
@@ -19,13 +20,13 @@ MAX_SPEC_GPU = 8 * MILLI
 """The normalising GPU of the paper's scores (eight GPUs, thousandths)."""
 
 
-def _pick(scores: np.ndarray, feasible: np.ndarray, rng: np.random.Generator | None) -> int | None:
-    """The best-scoring feasible node: at random among ties when rng is given, else the first one."""
+def _pick(scores: np.ndarray, feasible: np.ndarray, rank: IntArray | None) -> int | None:
+    """The best-scoring feasible node: the one first in `rank` among ties (the state's order when None)."""
     if not feasible.any():
         return None
     masked = np.where(feasible, scores, -np.inf)
     best = np.flatnonzero(masked == masked.max())
-    return int(best[0]) if rng is None else int(best[rng.integers(len(best))])
+    return int(best[0]) if rank is None else int(best[np.argmin(rank[best])])
 
 
 class RandomPolicy:
@@ -35,8 +36,11 @@ class RandomPolicy:
         self._rng = np.random.default_rng(context.seed)
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
-        node = _pick(np.zeros(len(state)), state.feasible(request), self._rng)
-        return None if node is None else Placement(node, best_fit_gpus(state, node, request))
+        feasible = np.flatnonzero(state.feasible(request))
+        if not len(feasible):
+            return None
+        node = int(feasible[self._rng.integers(len(feasible))])
+        return Placement(node, best_fit_gpus(state, node, request))
 
 
 class BestFitPolicy:
@@ -44,12 +48,12 @@ class BestFitPolicy:
     node's spec)."""
 
     def __init__(self, context: PolicyContext) -> None:
-        self._rng = np.random.default_rng(context.seed)
+        del context
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         left = (0.5 * (state.cpu_free - request.cpu_milli) / MAX_SPEC_CPU
                 + 0.5 * (state.gpu_free.sum(axis=1) - request.gpu_total_milli) / MAX_SPEC_GPU)
-        node = _pick(np.floor((1.0 - left) * 100), state.feasible(request), self._rng)
+        node = _pick(np.floor((1.0 - left) * 100), state.feasible(request), state.name_rank)
         return None if node is None else Placement(node, best_fit_gpus(state, node, request))
 
 
@@ -58,12 +62,12 @@ class GpuPackingPolicy:
     needs fully free GPUs (fewest first), then idle nodes (smallest first). CPU-only tasks: no preference."""
 
     def __init__(self, context: PolicyContext) -> None:
-        self._rng = np.random.default_rng(context.seed)
+        del context
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         feasible = state.feasible(request)
         if request.gpu_count == 0:
-            node = _pick(np.zeros(len(state)), feasible, self._rng)
+            node = _pick(np.zeros(len(state)), feasible, state.name_rank)
             return None if node is None else Placement(node, ())
         free = state.gpu_free
         fully_free = (free == MILLI).sum(axis=1)
@@ -75,49 +79,45 @@ class GpuPackingPolicy:
         shared_score = 100 - np.where(chosen <= MILLI, chosen * 100 // MILLI, 0).sum(axis=1) // 10
         score = np.where(idle, np.maximum(100 // 3 - fully_free, fully_free),
                          np.where(uses_full > 0, np.maximum(50 - uses_full, 100 // 3), np.maximum(shared_score, 50)))
-        node = _pick(score.astype(float), feasible, self._rng)
+        node = _pick(score.astype(float), feasible, state.name_rank)
         return None if node is None else Placement(node, best_fit_gpus(state, node, request))
 
 
 class GpuClusteringPolicy:
-    """Put a task beside tasks of its own kind (no GPU, a share of one GPU, or k whole GPUs): nodes holding only
-    its kind first, then mixed nodes holding it, then idle nodes, then others; fuller nodes first within each.
+    """Put a GPU task beside tasks of its own kind (a share of one GPU, or k whole GPUs): nodes holding only its kind
+    first, then mixed nodes holding it, then nodes holding no GPU task, then others; fuller nodes first within each.
 
     The kinds already on each node are what this instance placed, so one instance must see every placement.
     """
 
     def __init__(self, context: PolicyContext) -> None:
-        self._rng = np.random.default_rng(context.seed)
-        self._kinds: dict[int, dict[str, int]] = {}
+        del context
+        self._kinds: dict[str, int] = {}
+        self._counts: IntArray = np.zeros((0, 0), dtype=np.int64)  # node x kind: tasks of that kind placed there
 
-    @staticmethod
-    def _kind(request: Request) -> str:
-        if request.gpu_count == 0:
-            return "none"
-        return "share" if request.shares else f"{request.gpu_count}-gpu"
+    def _kind(self, request: Request, nodes: int) -> int:
+        name = "share" if request.shares else f"{request.gpu_count}-gpu"
+        if len(self._counts) != nodes:
+            self._counts = np.zeros((nodes, 0), dtype=np.int64)
+        if name not in self._kinds:
+            self._kinds[name] = len(self._kinds)
+            self._counts = np.hstack([self._counts, np.zeros((nodes, 1), dtype=np.int64)])
+        return self._kinds[name]
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         feasible = state.feasible(request)
-        kind = self._kind(request)
-        if kind == "none":
-            node = _pick(np.zeros(len(state)), feasible, self._rng)
-        else:
-            fill = (MAX_SPEC_GPU - state.gpu_free.sum(axis=1)) * 25 // MAX_SPEC_GPU
-            band = np.zeros(len(state), dtype=np.int64)
-            for n, kinds in self._kinds.items():
-                gpu_kinds = {k for k, c in kinds.items() if c and k != "none"}
-                if kind in gpu_kinds:
-                    band[n] = 75 if len(gpu_kinds) == 1 else 50
-                elif not gpu_kinds:
-                    band[n] = 25
-            empty = np.array([not any(c and k != "none" for k, c in self._kinds.get(n, {}).items())
-                              for n in range(len(state))])
-            band = np.where(empty, 25, band)
-            node = _pick((band + fill).astype(float), feasible, self._rng)
+        if request.gpu_count == 0:
+            node = _pick(np.zeros(len(state)), feasible, state.name_rank)
+            return None if node is None else Placement(node, ())
+        kind = self._kind(request, len(state))
+        present = self._counts > 0
+        mine, kinds = present[:, kind], present.sum(axis=1)
+        band = np.where(mine, np.where(kinds == 1, 75, 50), np.where(kinds == 0, 25, 0))
+        fill = (MAX_SPEC_GPU - state.gpu_free.sum(axis=1)) * 25 // MAX_SPEC_GPU
+        node = _pick((band + fill).astype(float), feasible, state.name_rank)
         if node is None:
             return None
-        counts = self._kinds.setdefault(node, {})
-        counts[kind] = counts.get(kind, 0) + 1
+        self._counts[node, kind] += 1
         return Placement(node, best_fit_gpus(state, node, request))
 
 
@@ -126,7 +126,7 @@ class DotProductPolicy:
     the task's request: the task goes where what it asks for is scarcest (an alignment heuristic)."""
 
     def __init__(self, context: PolicyContext) -> None:
-        self._rng = np.random.default_rng(context.seed)
+        del context
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         feasible = state.feasible(request)
@@ -135,13 +135,13 @@ class DotProductPolicy:
         if not request.shares:
             gpu_max = float(state.gpu_capacity.sum(axis=1).max()) or 1.0
             gpu_term = (state.gpu_free.sum(axis=1) / gpu_max) * (request.gpu_total_milli / gpu_max)
-            node = _pick(-(cpu_term + gpu_term), feasible, self._rng)
+            node = _pick(-(cpu_term + gpu_term), feasible, state.name_rank)
             return None if node is None else Placement(node, best_fit_gpus(state, node, request))
         # a sharing task: score each GPU on its own (the GPU's free share against the task's share)
         per_gpu = cpu_term[:, None] + (state.gpu_free / MILLI) * (request.gpu_milli / MILLI)
         per_gpu = np.where(state.gpu_free >= request.gpu_milli, per_gpu, np.inf)
         best_gpu = per_gpu.argmin(axis=1)
-        node = _pick(-per_gpu.min(axis=1), feasible, self._rng)
+        node = _pick(-per_gpu.min(axis=1), feasible, state.name_rank)
         return None if node is None else Placement(node, (int(best_gpu[node]),))
 
 

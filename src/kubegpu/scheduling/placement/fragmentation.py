@@ -24,18 +24,19 @@ from kubegpu.scheduling.placement.model import MILLI, ClusterState, IntArray, Pl
 from kubegpu.scheduling.placement.registry import PolicyContext, register_policy
 
 FloatArray = npt.NDArray[np.float64]
-Shape = tuple[int, int, int, frozenset[str]]
-"""What the measure sees of a request: (cpu_milli, gpu_count, gpu_milli, models)."""
+Shape = tuple[int, int, int, int, frozenset[str]]
+"""A task shape: (cpu_milli, memory_mib, gpu_count, gpu_milli, models)."""
 
 POPULARITY_COVER = 0.95
 """FGD's target workload keeps the most popular shapes that together make up this share of the tasks."""
-POPULARITY_STEP = 10
-"""... adding shapes ten at a time, most popular first."""
+POPULARITY_STEP = 1
+"""... adding shapes one at a time, most popular first (the artifact's default step)."""
 
 
-def shape_of(request: Request) -> Shape:
-    """The request as the fragmentation measure sees it (memory plays no part in it)."""
-    return (request.cpu_milli, request.gpu_count, request.gpu_milli, request.models)
+def shape_of(request: Request, memory: bool = True) -> Shape:
+    """The request as a workload shape; FGD's measure ignores memory (`memory=False` zeroes it)."""
+    return (request.cpu_milli, request.memory_mib if memory else 0, request.gpu_count, request.gpu_milli,
+            request.models)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Workload:
     """Task shapes and their popularity (summing to 1), as arrays resolved against one cluster's model list."""
 
     cpu: IntArray
+    memory: IntArray
     count: IntArray
     milli: IntArray
     access: npt.NDArray[np.bool_]  # shape x model
@@ -54,19 +56,20 @@ class Workload:
         total = sum(counts.values()) or 1.0
         return cls(
             cpu=np.array([s[0] for s in shapes], dtype=np.int64),
-            count=np.array([s[1] for s in shapes], dtype=np.int64),
-            milli=np.array([s[2] for s in shapes], dtype=np.int64),
-            access=np.array([[not s[3] or m in s[3] for m in model_names] for s in shapes], dtype=bool).reshape(
+            memory=np.array([s[1] for s in shapes], dtype=np.int64),
+            count=np.array([s[2] for s in shapes], dtype=np.int64),
+            milli=np.array([s[3] for s in shapes], dtype=np.int64),
+            access=np.array([[not s[4] or m in s[4] for m in model_names] for s in shapes], dtype=bool).reshape(
                 len(shapes), len(model_names)),
             weight=np.array([counts[s] / total for s in shapes], dtype=np.float64),
         )
 
 
-def typical_shapes(requests: Sequence[Request], cover: float = POPULARITY_COVER,
-                   step: int = POPULARITY_STEP) -> dict[Shape, float]:
+def typical_shapes(requests: Sequence[Request], cover: float = POPULARITY_COVER, step: int = POPULARITY_STEP,
+                   memory: bool = False) -> dict[Shape, float]:
     """FGD's target workload: shapes by popularity, most popular first, taken `step` at a time until they cover
     `cover` of the tasks; the counts of those kept."""
-    counts = Counter(shape_of(r) for r in requests)
+    counts = Counter(shape_of(r, memory) for r in requests)
     ranked = counts.most_common()
     kept: dict[Shape, float] = {}
     covered, i = 0, 0
@@ -78,9 +81,10 @@ def typical_shapes(requests: Sequence[Request], cover: float = POPULARITY_COVER,
     return kept
 
 
-def fragmentation(workload: Workload, cpu: IntArray, gpu: IntArray, model: IntArray) -> FloatArray:
-    """Per row (a node's free CPU, per-GPU free thousandths and model index): its expected fragment in
-    thousandths over the workload's shapes."""
+def fragmentation(workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray) -> FloatArray:
+    """FGD's measure. Per row (a node's free CPU, memory, per-GPU free thousandths and model index): its expected
+    fragment in thousandths over the workload's shapes (memory plays no part)."""
+    del memory
     total = gpu.sum(axis=1).astype(np.float64)
     is_gpu = workload.milli > 0
     thresholds, which = np.unique(workload.milli[is_gpu], return_inverse=True)
@@ -92,21 +96,49 @@ def fragmentation(workload: Workload, cpu: IntArray, gpu: IntArray, model: IntAr
     return fragment @ workload.weight[is_gpu] + total * workload.weight[~is_gpu].sum()
 
 
-def _after(state: ClusterState, nodes: IntArray, request: Request) -> tuple[IntArray, IntArray, IntArray]:
+def capacity_fragmentation(workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
+                           model: IntArray) -> FloatArray:
+    """kubegpu's measure. For each GPU shape, how many copies of it the node could still host — limited by its
+    GPUs (whole leftovers per GPU), its CPU and its memory — and the free GPU thousandths those copies cannot
+    take are the fragment. Unlike FGD's one-copy test this sees GPUs that CPU or memory will strand after a few
+    more tasks, and the slack a share leaves when a GPU fills with it. CPU-only shapes carry no weight here: they
+    matter through the CPU they take from the GPU shapes."""
+    total = gpu.sum(axis=1).astype(np.float64)
+    is_gpu = workload.milli > 0
+    weight = workload.weight[is_gpu]
+    weight = weight / (weight.sum() or 1.0)
+    thresholds, which = np.unique(workload.milli[is_gpu], return_inverse=True)
+    per_gpu = (gpu[:, :, None] // thresholds[None, None, :]).sum(axis=1)[:, which]  # row x shape
+    count = workload.count[is_gpu][None, :]
+    copies = per_gpu // count
+    big = np.iinfo(np.int64).max // 4
+    shape_cpu = workload.cpu[is_gpu][None, :]
+    shape_memory = workload.memory[is_gpu][None, :]
+    copies = np.minimum(copies, np.where(shape_cpu > 0, cpu[:, None] // np.maximum(shape_cpu, 1), big))
+    copies = np.minimum(copies, np.where(shape_memory > 0, memory[:, None] // np.maximum(shape_memory, 1), big))
+    copies = np.where(workload.access[is_gpu].T[model], np.maximum(copies, 0), 0)
+    usable = np.minimum(copies * count * workload.milli[is_gpu][None, :], total[:, None])
+    return (total[:, None] - usable) @ weight
+
+
+def _after(state: ClusterState, nodes: IntArray,
+           request: Request) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     """Candidate rows after placing the request: one per node (whole GPUs or none) or one per node and GPU (a share;
-    rows of GPUs it does not fit are returned anyway and must be masked). Returns (cpu, gpu, row's GPU index)."""
+    rows of GPUs it does not fit are returned anyway and must be masked). Returns (cpu, memory, gpu, row's GPU)."""
     cpu = state.cpu_free[nodes] - request.cpu_milli
+    memory = state.memory_free[nodes] - request.memory_mib
     gpu = state.gpu_free[nodes].copy()
     width = gpu.shape[1]
     if request.shares:
         rows = np.repeat(gpu[:, None, :], width, axis=1)  # node x choice x gpu
         rows[:, np.arange(width), np.arange(width)] -= request.gpu_milli
-        return np.repeat(cpu, width), rows.reshape(-1, width), np.tile(np.arange(width), len(nodes))
+        return (np.repeat(cpu, width), np.repeat(memory, width), rows.reshape(-1, width),
+                np.tile(np.arange(width), len(nodes)))
     if request.gpu_count:
         full = gpu == MILLI
         take = full & (np.cumsum(full, axis=1) <= request.gpu_count)
         gpu = np.where(take, 0, gpu)
-    return cpu, gpu, np.zeros(len(nodes), dtype=np.int64)
+    return cpu, memory, gpu, np.zeros(len(nodes), dtype=np.int64)
 
 
 class _GradientPolicy:
@@ -119,7 +151,11 @@ class _GradientPolicy:
         self._models: list[str] = []
         self._base: FloatArray = np.zeros(0)
         self._base_version: IntArray = np.zeros(0, dtype=np.int64)
-        self._cache: dict[Shape, tuple[FloatArray, IntArray, IntArray]] = {}
+        self._cache: dict[Request, tuple[FloatArray, IntArray, IntArray]] = {}
+
+    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
+                 model: IntArray) -> FloatArray:
+        return fragmentation(workload, cpu, memory, gpu, model)
 
     def _target(self, state: ClusterState) -> Workload:
         raise NotImplementedError
@@ -134,7 +170,7 @@ class _GradientPolicy:
     def _reset(self, state: ClusterState) -> None:
         self._models = list(state.model_names)
         self._workload = self._target(state)
-        self._base = fragmentation(self._workload, state.cpu_free, state.gpu_free, state.model)
+        self._base = self._measure(self._workload, state.cpu_free, state.memory_free, state.gpu_free, state.model)
         self._base_version = state.version.copy()
         self._cache.clear()
 
@@ -145,10 +181,10 @@ class _GradientPolicy:
         assert workload is not None
         moved = np.flatnonzero(state.version != self._base_version)
         if len(moved):
-            self._base[moved] = fragmentation(workload, state.cpu_free[moved], state.gpu_free[moved],
-                                              state.model[moved])
+            self._base[moved] = self._measure(workload, state.cpu_free[moved], state.memory_free[moved],
+                                              state.gpu_free[moved], state.model[moved])
             self._base_version[moved] = state.version[moved]
-        key = shape_of(request)
+        key = request
         cached = self._cache.get(key)
         if cached is None:
             cached = (np.zeros(len(state)), np.zeros(len(state), dtype=np.int64),
@@ -157,8 +193,8 @@ class _GradientPolicy:
         score, gpu_choice, version = cached
         stale = np.flatnonzero(version != state.version)
         if len(stale):
-            cpu, gpu, index = _after(state, stale, request)
-            rows = fragmentation(workload, cpu, gpu, np.repeat(state.model[stale], len(cpu) // len(stale)))
+            cpu, memory, gpu, index = _after(state, stale, request)
+            rows = self._measure(workload, cpu, memory, gpu, np.repeat(state.model[stale], len(cpu) // len(stale)))
             delta = rows - np.repeat(self._base[stale], len(cpu) // len(stale))
             value = self._node_score(delta)
             if request.shares:
@@ -189,7 +225,8 @@ class _GradientPolicy:
 class FgdPolicy(_GradientPolicy):
     """FGD as the paper runs it: the target workload is the popular shapes of the whole task list (fixed), a
     node's score is sigmoid(fragmentation decrease / 1000) scaled to kube-scheduler's 0..100 integers, the GPU of a
-    sharing task the first with the best score, and ties between nodes are broken at random."""
+    sharing task the first with the best score, and ties between nodes go to the smallest node name (the artifact's
+    patched selectHost)."""
 
     def _target(self, state: ClusterState) -> Workload:
         return Workload.from_counts(typical_shapes(self._context.workload), state.model_names)
@@ -200,21 +237,85 @@ class FgdPolicy(_GradientPolicy):
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
         best = np.flatnonzero(masked == masked.max())
-        return int(best[self._rng.integers(len(best))])
+        return int(best[np.argmin(state.name_rank[best])])
+
+
+KUBEGPU_SHAPES = 64
+"""kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
+SCARCITY_WEIGHT = 0.3
+"""Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
+RELEARN_EVERY = 256
+"""With no workload given, the popularity model is rebuilt from the requests seen after every this many."""
+
+
+def model_scarcity(requests: Sequence[Request], state: ClusterState) -> FloatArray:
+    """Per model: how much more GPU demand per GPU it faces than the least-demanded model, counting each request's
+    demand spread over the capacity of the models it may use (so a task pinned to a small model presses hard on
+    it, and an unpinned one presses evenly)."""
+    capacity = np.array([state.gpu_count[state.model == m].sum() for m in range(len(state.model_names))],
+                        dtype=np.float64)
+    total = capacity.sum() or 1.0
+    demand = np.zeros(len(capacity))
+    overall = 0.0
+    for request in requests:
+        if not request.gpu_count:
+            continue
+        allowed = state.allowed_models(request) & (capacity > 0)
+        reach = capacity[allowed].sum()
+        if reach:
+            demand[allowed] += request.gpu_total_milli / reach
+            overall += request.gpu_total_milli / total
+    if not overall:
+        return np.zeros(len(capacity))
+    density = demand / overall
+    return density - density[capacity > 0].min()
 
 
 class KubegpuPolicy(_GradientPolicy):
-    """kubegpu's placement: fragmentation descent with the exact (unrounded) gradient and a deterministic
-    tie-break toward the node with the least free GPU (packing among equals)."""
+    """kubegpu's placement: descend a fragmentation measure that goes beyond FGD's.
+
+    - The measure adds to FGD's one-copy fragment the capacity fragment (`capacity_fragmentation`): GPUs that the
+      node's CPU or memory will strand after a few more tasks, and the slack a share leaves on a GPU it fills.
+    - Taking GPUs of a model in short supply costs in proportion to its excess demand (`model_scarcity`), so tasks
+      that may run anywhere leave the scarce models to the tasks pinned to them.
+    - The popularity model is the expected workload when given, else learned from the requests seen so far and
+      rebuilt every `RELEARN_EVERY` requests.
+    - The gradient is exact (not rounded to kube-scheduler's integer scores); ties go to the smallest node name.
+    """
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self._seen: list[Request] = []
+        self._scarcity: FloatArray = np.zeros(0)
+
+    def _known(self) -> Sequence[Request]:
+        return self._context.workload or self._seen
 
     def _target(self, state: ClusterState) -> Workload:
-        return Workload.from_counts(typical_shapes(self._context.workload), state.model_names)
+        requests = self._known()
+        counts = typical_shapes(requests, memory=True)
+        kept = dict(sorted(counts.items(), key=lambda item: -item[1])[:KUBEGPU_SHAPES])
+        self._scarcity = model_scarcity(requests, state)
+        return Workload.from_counts(kept, state.model_names)
+
+    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
+                 model: IntArray) -> FloatArray:
+        free = gpu.sum(axis=1)
+        return (capacity_fragmentation(workload, cpu, memory, gpu, model)
+                + fragmentation(workload, cpu, memory, gpu, model)
+                - SCARCITY_WEIGHT * self._scarcity[model] * free)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
-        free = state.gpu_free.sum(axis=1)
         masked = np.where(feasible, score, -np.inf)
         best = np.flatnonzero(masked >= masked.max() - 1e-9)
-        return int(best[np.argmin(free[best])])
+        return int(best[np.argmin(state.name_rank[best])])
+
+    def choose(self, request: Request, state: ClusterState) -> Placement | None:
+        if not self._context.workload:
+            self._seen.append(request)
+            if len(self._seen) == 1 or len(self._seen) % RELEARN_EVERY == 0:
+                self._workload = None  # rebuild the target (and every cached score) from what was seen
+        return super().choose(request, state)
 
 
 register_policy("fgd", FgdPolicy)

@@ -93,6 +93,8 @@ class ClusterState:
         self.memory_free: IntArray = self.memory_capacity.copy()
         self.gpu_free: IntArray = self.gpu_capacity.copy()
         self.version: IntArray = np.zeros(len(names), dtype=np.int64)
+        self.name_rank: IntArray = np.argsort(np.argsort(np.array(self.names, dtype=object), kind="stable"))
+        """Each node's position in name order: the tie-break kube-scheduler's patched selectHost uses."""
 
     def __len__(self) -> int:
         return len(self.names)
