@@ -163,3 +163,29 @@ def test_node_filters_other_than_resources_still_apply(cluster: BindingCluster) 
     where = {d.pod: d.node for d in result.bound}
     assert where["ml/pinned"] == "gpu-a"
     assert {where[f"ml/free{i}"] for i in range(3)} == {"gpu-b"}  # gpu-a's taint is not tolerated
+
+
+def test_a_pod_that_does_not_fit_is_asked_about_again_only_once_the_cluster_changed(cluster: BindingCluster) -> None:
+    """The kubegpu policy learns its popularity model from the requests it is asked about: a pending pod re-asked on
+    every pass would count as demand again and again."""
+    asked: list[str] = []
+    inner = make_policy("kubegpu")
+
+    class Counting:
+        def choose(self, request: Any, state: Any) -> Any:
+            asked.append(f"{request.gpu_count}x{request.gpu_milli}")
+            return inner.choose(request, state)
+
+    cluster.create(claim("huge", None, count=4))  # 4 whole GPUs: 3 exist
+    cluster.create(pod("huge", "2026-01-01T00:00:00Z"))
+    controller = PlacementController(cluster, Counting(), leader_elect=False)
+    for now in (1000.0, 1001.0, 1002.0):
+        assert controller.tick(now).bound == []
+    assert asked == ["4x1000"]
+    cluster.create(claim("small", 100))
+    cluster.create(pod("small", "2026-01-01T00:00:01Z"))
+    assert [d.pod for d in controller.tick(1003.0).bound] == ["ml/small"]
+    assert asked == ["4x1000", "1x100"]  # "huge" came first, before anything changed
+    for now in (1004.0, 1005.0):
+        controller.tick(now)
+    assert asked == ["4x1000", "1x100", "4x1000"]  # the state changed (a share was taken): asked once more

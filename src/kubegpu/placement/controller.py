@@ -23,6 +23,7 @@ pending.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -45,7 +46,7 @@ from kubegpu.placement.objects import (
     pod_claim_names,
     pod_request,
 )
-from kubegpu.scheduling.placement import Policy, choose
+from kubegpu.scheduling.placement import ClusterState, Policy, choose
 from kubegpu.scheduling.pods import is_finished, is_scheduling_gated, pod_key
 
 log = logging.getLogger("kubegpu.placement")
@@ -93,6 +94,7 @@ class PlacementController:
     driver: str = DRIVER
     elector: LeaderElector | None = field(default=None, init=False)
     _reported: set[tuple[str, str]] = field(default_factory=set, init=False)
+    _no_room: dict[str, bytes] = field(default_factory=dict, init=False)  # pod uid -> the state it did not fit
 
     def __post_init__(self) -> None:
         if self.leader_elect:
@@ -121,6 +123,8 @@ class PlacementController:
         nodes = self.cluster.list("Node")
         state = build_state(nodes, gpus, pods, claims, self.driver)
         by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+        uids = {str((p.get("metadata") or {}).get("uid") or pod_key(p)) for p in waiting}
+        self._no_room = {uid: seen for uid, seen in self._no_room.items() if uid in uids}
         result = TickResult()
         for pod in waiting:
             namespace = (pod.get("metadata") or {}).get("namespace") or "default"
@@ -140,14 +144,22 @@ class PlacementController:
                 continue
             node = self._already_placed(claim, pod)
             if node is None:
-                with only_nodes(state, allowed):
-                    placement = choose(ask.request, state, self.policy)
+                # a policy may learn from the requests it is asked about (kubegpu's popularity model): ask again
+                # about a pod that did not fit only once the cluster changed, so waiting does not count as demand
+                uid = str((pod.get("metadata") or {}).get("uid") or pod_key(pod))
+                seen = _digest(state, allowed)
+                placement = None
+                if self._no_room.get(uid) != seen:
+                    with only_nodes(state, allowed):
+                        placement = choose(ask.request, state, self.policy)
                 if placement is None:
+                    self._no_room[uid] = seen
                     result.pending += 1
                     self._report(pod, f"no node has {ask.request.gpu_count} GPU(s) with {ask.request.gpu_milli} "
                                       f"free thousandths and {ask.request.cpu_milli}m CPU, "
                                       f"{ask.request.memory_mib}Mi memory")
                     continue
+                self._no_room.pop(uid, None)
                 node = state.names[placement.node]
                 devices = placed_devices(gpus[node], placement)
                 if not self._allocate(claim, pod, ask, node, devices):
@@ -227,6 +239,13 @@ class PlacementController:
             record_event(self.cluster, {"kind": "Pod", **pod}, "FailedScheduling", message, component=COMPONENT)
         except KubegpuError as exc:
             log.warning("cannot record an event for pod %s: %s", pod_key(pod), exc)
+
+
+def _digest(state: ClusterState, allowed: set[int]) -> bytes:
+    """What the state holds (free CPU, memory, per-GPU thousandths) and the nodes a pod may use, to tell whether
+    its answer could have changed."""
+    return hashlib.sha1(state.cpu_free.tobytes() + state.memory_free.tobytes() + state.gpu_free.tobytes()
+                        + repr(sorted(allowed)).encode()).digest()
 
 
 def run(controller: PlacementController, interval: float, stop: Callable[[], bool],
