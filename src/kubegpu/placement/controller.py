@@ -32,7 +32,7 @@ from typing import Any
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.cluster import Cluster, record_event
-from kubegpu.kube.errors import Conflict, NotFound
+from kubegpu.kube.errors import ApiError, Conflict, NotFound
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.placement.objects import (
@@ -212,6 +212,9 @@ class PlacementController:
         except (Conflict, NotFound) as exc:
             log.info("claim %s/%s changed while placing pod %s (%s): next pass", namespace, name, pod_key(pod), exc)
             return False
+        except ApiError as exc:  # refused (RBAC, validation): this pod waits, the others go on
+            self._report(pod, f"ResourceClaim {namespace}/{name}: cannot write its allocation: {exc}")
+            return False
         return True
 
     def _bind(self, pod: Mapping[str, Any], node: str) -> bool:
@@ -224,6 +227,9 @@ class PlacementController:
             self.cluster.create(binding)
         except (Conflict, NotFound) as exc:  # bound meanwhile, or gone
             log.info("binding pod %s to %s: %s", pod_key(pod), node, exc)
+            return False
+        except ApiError as exc:  # refused: reported; the claim stays reserved, so the next pass binds it there
+            self._report(pod, f"cannot bind the pod to {node}: {exc}")
             return False
         log.info("bound pod %s to node %s", pod_key(pod), node)
         return True
