@@ -17,7 +17,7 @@ from kubegpu.dra.slices import build_slices
 from kubegpu.gpu.simulated import SimulatedBackend
 from kubegpu.kube.memory import MemoryCluster
 from kubegpu.placement.controller import PlacementController
-from kubegpu.placement.objects import build_state, inventory, pod_claim_names, pod_request
+from kubegpu.placement.objects import build_state, cpu_request, inventory, pod_claim_names, pod_request
 from kubegpu.scheduling.placement import choose, make_policy
 
 NODES = {"gpu-a": "2xA100-SXM4-80GB", "gpu-b": "1xA100-SXM4-80GB"}
@@ -189,3 +189,21 @@ def test_a_pod_that_does_not_fit_is_asked_about_again_only_once_the_cluster_chan
     for now in (1004.0, 1005.0):
         controller.tick(now)
     assert asked == ["4x1000", "1x100", "4x1000"]  # the state changed (a share was taken): asked once more
+
+
+def test_a_pod_without_claims_is_placed_by_cpu_and_memory(cluster: BindingCluster) -> None:
+    cpu_only = pod("cpu", "2026-01-01T00:00:00Z")
+    del cpu_only["spec"]["resourceClaims"]
+    cpu_only["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "15", "memory": "1Gi"}
+    cluster.create(cpu_only)
+    state = build_state(cluster.list("Node"), inventory(cluster.list("ResourceSlice")), [], [])
+    predicted = choose(cpu_request(cluster.get("Pod", "cpu", "ml")).request, state, make_policy("kubegpu"))
+    assert predicted is not None
+    [decision] = PlacementController(cluster, make_policy("kubegpu"), leader_elect=False).tick(1000.0).bound
+    assert (decision.node, decision.devices) == (state.names[predicted.node], ())
+    cluster.create(claim("gpu", None, count=1))
+    gpu_pod = pod("gpu", "2026-01-01T00:00:01Z")
+    gpu_pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    cluster.create(gpu_pod)
+    [decision] = PlacementController(cluster, make_policy("kubegpu"), leader_elect=False).tick(1001.0).bound
+    assert decision.node != state.names[predicted.node]  # the bound CPU-only pod left 1 CPU there

@@ -5,7 +5,8 @@ chosen inside kube-scheduler's DynamicResources plugin, first fit in slice order
 §4); an extender only filters and scores nodes and never sees which GPU a claim gets, and a plugin would mean
 shipping a kube-scheduler build. Which GPU a share lands on is exactly what fragmentation is about, so kubegpu must
 make that choice itself — as KAI-Scheduler and HAMi do, by scheduling its pods itself. Pods opt in with
-`schedulerName: kubegpu`; everything else stays with kube-scheduler, and both see each other's work through the
+`schedulerName: kubegpu` (a GPU pod through one claim, or a pod with no claim, placed by CPU and memory on the
+GPU nodes); everything else stays with kube-scheduler, and both see each other's work through the
 API: this controller counts every allocated ResourceClaim and bound pod, and kube-scheduler counts the claims it
 allocates here (consumedCapacity on the same shared devices).
 
@@ -40,6 +41,7 @@ from kubegpu.placement.objects import (
     allocation_status,
     allowed_nodes,
     build_state,
+    cpu_request,
     inventory,
     only_nodes,
     placed_devices,
@@ -129,20 +131,20 @@ class PlacementController:
         for pod in waiting:
             namespace = (pod.get("metadata") or {}).get("namespace") or "default"
             names = pod_claim_names(pod)
-            if len(names) != 1:
-                self._report(pod, "the pod must have exactly one resourceClaims entry")
+            if len(names) > 1:
+                self._report(pod, "the pod must have at most one resourceClaims entry")
                 continue
-            claim = by_key.get(f"{namespace}/{names[0]}") if names[0] else None
-            if claim is None:  # generated from its template, not created yet: next pass
+            claim = by_key.get(f"{namespace}/{names[0]}") if names and names[0] else None
+            if names and claim is None:  # generated from its template, not created yet: next pass
                 result.pending += 1
                 continue
             try:
-                ask = pod_request(pod, claim)
+                ask = pod_request(pod, claim) if claim is not None else cpu_request(pod)
                 allowed = allowed_nodes(pod, by_name, state)
             except KubegpuError as exc:
                 self._report(pod, str(exc))
                 continue
-            node = self._already_placed(claim, pod)
+            node = self._already_placed(claim, pod) if claim is not None else None
             if node is None:
                 # a policy may learn from the requests it is asked about (kubegpu's popularity model): ask again
                 # about a pod that did not fit only once the cluster changed, so waiting does not count as demand
@@ -162,11 +164,12 @@ class PlacementController:
                 self._no_room.pop(uid, None)
                 node = state.names[placement.node]
                 devices = placed_devices(gpus[node], placement)
-                if not self._allocate(claim, pod, ask, node, devices):
+                if claim is not None and not self._allocate(claim, pod, ask, node, devices):
                     result.pending += 1
                     continue
                 state.apply(ask.request, placement)
             else:
+                assert claim is not None
                 devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
             if self._bind(pod, node):
                 result.bound.append(Decision(pod_key(pod), node, tuple(devices)))

@@ -6,7 +6,8 @@
   every GPU's thousandths less what allocated ResourceClaims consumed of it (`consumedCapacity.compute`, or all of
   it for a device allocated whole) — whoever allocated them: kube-scheduler, or us.
 - `pod_request`: what a pod asks, as a placement `Request` (its CPU and memory requests, and its one claim's one
-  request: `count` GPUs, `capacity.requests.compute` thousandths of one; no selectors).
+  request: `count` GPUs, `capacity.requests.compute` thousandths of one; no selectors); `cpu_request` for a pod
+  with no claim.
 - `allocation_status`: the claim status kube-scheduler would write for that placement: results with a `shareID` and
   the `consumedCapacity` of every capacity (`compute`, and `memory` at its default 0, as `kubegpu.dra.devices`
   publishes them), the class and claim configs, a node selector for the node, and `reservedFor` the pod.
@@ -172,6 +173,12 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str | None]:
                  for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
     return [entry.get("resourceClaimName") or generated.get(entry.get("name"))
             for entry in (pod.get("spec") or {}).get("resourceClaims") or ()]
+
+
+def cpu_request(pod: Mapping[str, Any]) -> PodAsk:
+    """A pod without claims: CPU and memory only (placed on the GPU nodes, where it strands the fewest GPUs)."""
+    cpu, memory = _resources(pod)
+    return PodAsk(Request(cpu_milli=cpu, memory_mib=memory), claim="", request_name="")
 
 
 def pod_request(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> PodAsk:
