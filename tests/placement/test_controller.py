@@ -207,3 +207,31 @@ def test_a_pod_without_claims_is_placed_by_cpu_and_memory(cluster: BindingCluste
     cluster.create(gpu_pod)
     [decision] = PlacementController(cluster, make_policy("kubegpu"), leader_elect=False).tick(1001.0).bound
     assert decision.node != state.names[predicted.node]  # the bound CPU-only pod left 1 CPU there
+
+
+def test_a_pod_bound_but_not_yet_seen_bound_holds_its_place(cluster: BindingCluster) -> None:
+    """The informer shows a bind only once its watch delivers it: until then the pod still looks pending. It is
+    neither placed again nor forgotten — its CPU and memory stay taken on its node for the next pods."""
+    bindings: list[str] = []
+    original = cluster.create
+
+    def lagging(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj.get("kind") == "Binding":  # accepted, but the pod's view is not updated (yet)
+            bindings.append(f"{obj['metadata']['name']}->{obj['target']['name']}")
+            return obj
+        return original(obj)
+
+    cluster.create = lagging  # type: ignore[method-assign]
+    first = pod("first", "2026-01-01T00:00:00Z")
+    del first["spec"]["resourceClaims"]
+    first["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "10"}
+    original(first)
+    controller = PlacementController(cluster, make_policy("kubegpu"), leader_elect=False)
+    [placed] = controller.tick(1000.0).bound
+    second = pod("second", "2026-01-01T00:00:01Z")
+    del second["spec"]["resourceClaims"]
+    second["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "10"}
+    original(second)
+    [then] = controller.tick(1001.0).bound
+    assert then.pod == "ml/second" and then.node != placed.node  # 16 CPUs a node: both cannot share one
+    assert bindings == [f"first->{placed.node}", f"second->{then.node}"]  # "first" was not bound twice

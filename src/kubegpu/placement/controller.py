@@ -97,6 +97,8 @@ class PlacementController:
     elector: LeaderElector | None = field(default=None, init=False)
     _reported: set[tuple[str, str]] = field(default_factory=set, init=False)
     _no_room: dict[str, bytes] = field(default_factory=dict, init=False)  # pod uid -> the state it did not fit
+    # pods this controller bound that the informer may not show bound yet: uid -> (node index name, CPU, memory)
+    _binding: dict[str, tuple[str, int, int]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.leader_elect:
@@ -127,8 +129,18 @@ class PlacementController:
         by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
         uids = {str((p.get("metadata") or {}).get("uid") or pod_key(p)) for p in waiting}
         self._no_room = {uid: seen for uid, seen in self._no_room.items() if uid in uids}
+        # a pod bound on an earlier pass that the informer still shows pending holds its CPU and memory there
+        self._binding = {uid: held for uid, held in self._binding.items() if uid in uids}
+        for node_name, cpu, memory in self._binding.values():
+            if node_name in state.names:
+                index = state.names.index(node_name)
+                state.cpu_free[index] -= cpu
+                state.memory_free[index] -= memory
+                state.version[index] += 1
         result = TickResult()
         for pod in waiting:
+            if str((pod.get("metadata") or {}).get("uid") or pod_key(pod)) in self._binding:
+                continue
             namespace = (pod.get("metadata") or {}).get("namespace") or "default"
             names = pod_claim_names(pod)
             if len(names) > 1:
@@ -173,6 +185,8 @@ class PlacementController:
                 devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
             if self._bind(pod, node):
                 result.bound.append(Decision(pod_key(pod), node, tuple(devices)))
+                self._binding[str((pod.get("metadata") or {}).get("uid") or pod_key(pod))] = (
+                    node, ask.request.cpu_milli, ask.request.memory_mib)
             else:
                 result.pending += 1
         return result
