@@ -123,17 +123,11 @@ def capacity_fragmentation(workload: Workload, cpu: IntArray, memory: IntArray, 
 
 def _after(state: ClusterState, nodes: IntArray,
            request: Request) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """Candidate rows after placing the request: one per node (whole GPUs or none) or one per node and GPU (a share;
-    rows of GPUs it does not fit are returned anyway and must be masked). Returns (cpu, memory, gpu, row's GPU)."""
+    """Each node's free resources after placing a whole-GPU or CPU-only request there (whole GPUs come from fully
+    free ones). Returns (cpu, memory, gpu, first GPU index)."""
     cpu = state.cpu_free[nodes] - request.cpu_milli
     memory = state.memory_free[nodes] - request.memory_mib
     gpu = state.gpu_free[nodes].copy()
-    width = gpu.shape[1]
-    if request.shares:
-        rows = np.repeat(gpu[:, None, :], width, axis=1)  # node x choice x gpu
-        rows[:, np.arange(width), np.arange(width)] -= request.gpu_milli
-        return (np.repeat(cpu, width), np.repeat(memory, width), rows.reshape(-1, width),
-                np.tile(np.arange(width), len(nodes)))
     if request.gpu_count:
         full = gpu == MILLI
         take = full & (np.cumsum(full, axis=1) <= request.gpu_count)
@@ -192,23 +186,36 @@ class _GradientPolicy:
             self._cache[key] = cached
         score, gpu_choice, version = cached
         stale = np.flatnonzero(version != state.version)
-        if len(stale):
+        if len(stale) and request.shares:
+            score[stale], gpu_choice[stale] = self._share_scores(request, state, stale, workload)
+        elif len(stale):
             cpu, memory, gpu, index = _after(state, stale, request)
-            rows = self._measure(workload, cpu, memory, gpu, np.repeat(state.model[stale], len(cpu) // len(stale)))
-            delta = rows - np.repeat(self._base[stale], len(cpu) // len(stale))
-            value = self._node_score(delta)
-            if request.shares:
-                width = state.gpu_free.shape[1]
-                value = value.reshape(len(stale), width)
-                value = np.where(state.gpu_free[stale] >= request.gpu_milli, value, -np.inf)
-                best = value.argmax(axis=1)
-                score[stale] = value[np.arange(len(stale)), best]
-                gpu_choice[stale] = best
-            else:
-                score[stale] = value
-                gpu_choice[stale] = index
-            version[stale] = state.version[stale]
+            rows = self._measure(workload, cpu, memory, gpu, state.model[stale])
+            score[stale] = self._node_score(rows - self._base[stale])
+            gpu_choice[stale] = index
+        version[stale] = state.version[stale]
         return score, gpu_choice
+
+    def _share_scores(self, request: Request, state: ClusterState, nodes: IntArray,
+                      workload: Workload) -> tuple[FloatArray, IntArray]:
+        """Per node, the best GPU for a share and its score: each distinct leftover of a node is scored once (a
+        fresh node's eight GPUs are one candidate), GPUs too full for it are skipped, and ties go to the lowest
+        GPU index."""
+        free = state.gpu_free[nodes]
+        row, column = np.nonzero(free >= request.gpu_milli)
+        values = free[row, column]
+        _, first, inverse = np.unique(row * (2 * MILLI + 1) + values, return_index=True, return_inverse=True)
+        pick_row, pick_gpu = row[first], column[first]
+        gpu = free[pick_row].copy()
+        gpu[np.arange(len(first)), pick_gpu] -= request.gpu_milli
+        picked = nodes[pick_row]
+        measured = self._measure(workload, state.cpu_free[picked] - request.cpu_milli,
+                                 state.memory_free[picked] - request.memory_mib, gpu, state.model[picked])
+        value = self._node_score(measured - self._base[picked])
+        table = np.full(free.shape, -np.inf)
+        table[row, column] = value[inverse.reshape(-1)]
+        best = table.argmax(axis=1)
+        return table[np.arange(len(nodes)), best], best
 
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         feasible = state.feasible(request)
@@ -242,8 +249,10 @@ class FgdPolicy(_GradientPolicy):
 
 KUBEGPU_SHAPES = 64
 """kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
-SCARCITY_WEIGHT = 0.3
+SCARCITY_WEIGHT = 1.2
 """Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
+CAPACITY_WEIGHT = 2.0
+"""How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
 """With no workload given, the popularity model is rebuilt from the requests seen after every this many."""
 
@@ -301,7 +310,7 @@ class KubegpuPolicy(_GradientPolicy):
     def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
                  model: IntArray) -> FloatArray:
         free = gpu.sum(axis=1)
-        return (capacity_fragmentation(workload, cpu, memory, gpu, model)
+        return (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
                 + fragmentation(workload, cpu, memory, gpu, model)
                 - SCARCITY_WEIGHT * self._scarcity[model] * free)
 
