@@ -19,13 +19,22 @@ from kubegpu.kube.errors import ApiError
 from kubegpu.scheduling.dra import allocate_in_order, parse_all
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.testing.session import wait_for
-from tests.dra.test_controlplane import TAINT, pod
+from tests.dra.test_controlplane import pod
 
 if TYPE_CHECKING:
     from kubegpu.testing.session import RealCluster
 
 pytestmark = pytest.mark.apiserver
 NODE = "dra-fraction"
+FRACTION_TAINT = {"key": "kubegpu.io/dra-fraction-test", "value": "true", "effect": "NoSchedule"}
+
+
+def tainted_pod(name: str, namespace: str, taint: dict[str, str]) -> dict[str, Any]:
+    """A pod that tolerates one test's taint alone: another test's pods left unschedulable (their namespace still
+    terminating) can never take this test's GPUs, nor this test's pods theirs."""
+    out = pod(name, namespace, name)
+    out["spec"]["tolerations"] = [{"key": taint["key"], "operator": "Exists", "effect": "NoSchedule"}]
+    return out
 
 
 def share(name: str, namespace: str, thousandths: int | None) -> dict[str, Any]:
@@ -45,7 +54,7 @@ def test_real_scheduler_packs_shares_like_our_allocator(real_cluster: RealCluste
                                                         tmp_path: Path) -> None:
     admin = real_cluster.admin
     real_cluster.add_gpu_node(NODE, gpus="2xA100-SXM4-80GB")
-    admin.patch("Node", NODE, {"spec": {"taints": [TAINT]}})  # only this test's pods land here
+    admin.patch("Node", NODE, {"spec": {"taints": [FRACTION_TAINT]}})  # only this test's pods land here
     backend = SimulatedBackend.create(tmp_path / "node.json", gpus="2xA100-SXM4-80GB", node_name=NODE)
     slices = build_slices(NODE, gpu_offers(read_node(backend), dynamic_mig=False, fractional=True))
     classes = shipped_class_objects()
@@ -67,7 +76,7 @@ def test_real_scheduler_packs_shares_like_our_allocator(real_cluster: RealCluste
         for obj in objects:
             name = obj["metadata"]["name"]
             admin.create(obj)
-            admin.create(pod(name, namespace, name))
+            admin.create(tainted_pod(name, namespace, FRACTION_TAINT))
             if name in ("whole", "qualified", "e"):
                 wait_for(lambda n=name: real_cluster.unschedulable_message(n, namespace) or None,
                          f"{name} unschedulable")
@@ -95,6 +104,7 @@ def test_real_scheduler_packs_shares_like_our_allocator(real_cluster: RealCluste
 
 
 CAPACITY_NODE = "dra-capacity"
+CAPACITY_TAINT = {"key": "kubegpu.io/dra-capacity-test", "value": "true", "effect": "NoSchedule"}
 BY_INDEX = "device.attributes['gpu.nvidia.com'].index == {}"
 
 
@@ -126,7 +136,7 @@ def test_real_scheduler_and_our_allocator_agree_on_capacity_rules(real_cluster: 
     takes the default (the whole GPU)."""
     admin = real_cluster.admin
     real_cluster.add_gpu_node(CAPACITY_NODE, gpus="2xA100-SXM4-80GB")
-    admin.patch("Node", CAPACITY_NODE, {"spec": {"taints": [TAINT]}})
+    admin.patch("Node", CAPACITY_NODE, {"spec": {"taints": [CAPACITY_TAINT]}})
     item = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{CAPACITY_NODE}-gpu.nvidia.com-000"},
             "spec": {"driver": "gpu.nvidia.com", "nodeName": CAPACITY_NODE,
@@ -152,7 +162,7 @@ def test_real_scheduler_and_our_allocator_agree_on_capacity_rules(real_cluster: 
         for obj in objects:
             name = obj["metadata"]["name"]
             admin.create(obj)
-            admin.create(pod(name, namespace, name))
+            admin.create(tainted_pod(name, namespace, CAPACITY_TAINT))
             if name in misfits:
                 wait_for(lambda n=name: real_cluster.unschedulable_message(n, namespace) or None,
                          f"{name} unschedulable")
