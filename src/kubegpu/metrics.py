@@ -268,6 +268,28 @@ class _GuardReadingCollector(Collector):
         yield from (share, used, processes, held, missing)
 
 
+# ---------------------------------------------------------------------------------------------- informers
+
+INFORMER_SYNCED = "kubegpu_informer_synced"
+
+
+class InformerCollector(Collector):
+    """`kubegpu_informer_synced{component,kind}`: 1 while a controller's cache of a kind is synced and its watch
+    healthy, 0 before the first list and while the watch has been broken longer than the informer's bound (the
+    controller skips its passes meanwhile). Read from `source` on every scrape."""
+
+    def __init__(self, component: str, source: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self.component, self.source = component, source
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(INFORMER_SYNCED, "1 while the controller's cache of the kind is synced and its "
+                                  "watch healthy; 0 while stale (the controller does not act on it)",
+                                  labels=["component", "kind"])
+        for kind, usable in self.source():
+            gauge.add_metric([self.component, kind], 1.0 if usable else 0.0)
+        yield gauge
+
+
 # ---------------------------------------------------------------------------------------------- serving
 
 def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:
