@@ -479,7 +479,9 @@ def _selected(selector: LabelSelector, obj: dict[str, Any]) -> bool:
     return selector.matches((obj.get("metadata") or {}).get("labels"))
 
 
-def cache_trusted(cluster: object) -> bool:
-    """The check every cluster-side controller makes at the start of its pass: False while `cluster` is an
-    informer with a stale kind (see `InformedCluster.trusted`); True for any other cluster, which reads live."""
-    return not isinstance(cluster, InformedCluster) or cluster.trusted()
+def cache_trusted(source: object) -> bool:
+    """The check every cluster-side controller makes at the start of its pass: False while `source` (an
+    `InformedCluster`, or anything reading through informers that has a `trusted()`) has a stale kind; True for
+    anything else, which reads the API server live."""
+    trusted = getattr(source, "trusted", None)
+    return trusted is None or bool(trusted())
