@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import queue
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from kubegpu.clock import VirtualClock
 from kubegpu.kube import ApiError, Gone, MemoryCluster, NotFound, WatchEvent
 from kubegpu.kube.informer import InformedCluster, cache_trusted
 from kubegpu.kube.patching import clone
+from kubegpu.metrics import serve_metrics
 
 
 def pod(name: str, namespace: str = "default") -> dict[str, Any]:
@@ -329,24 +332,31 @@ def test_a_watch_broken_longer_than_the_bound_makes_the_cache_stale_until_it_rec
                                log=lines.append)
     registry = CollectorRegistry()
     informed.register_metrics(registry, "test")
+    port = serve_metrics("127.0.0.1:0", registry, ready=informed.trusted)
 
     def synced() -> float | None:
         return registry.get_sample_value("kubegpu_informer_synced", {"component": "test", "kind": "NodeClaim"})
 
+    def readyz() -> int:
+        try:
+            return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz").status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     try:
-        assert informed.trusted() and synced() == 1.0
+        assert informed.trusted() and synced() == 1.0 and readyz() == 200
         api.failing = True
         _eventually(lambda: "NodeClaim" in informed.broken())
         clock[0] += 29.0
         assert informed.trusted() and informed.stale_kinds() == [] and synced() == 1.0  # a blip is not stale
         clock[0] += 2.0
-        assert informed.stale_kinds() == ["NodeClaim"] and synced() == 0.0
+        assert informed.stale_kinds() == ["NodeClaim"] and synced() == 0.0 and readyz() == 503
         assert not informed.trusted() and not cache_trusted(informed) and not informed.trusted()
         assert len([line for line in lines if "not acting on the cache" in line]) == 1  # said once
         assert "connection refused" in next(line for line in lines if "not acting on the cache" in line)
         api.failing = False
         _eventually(informed.trusted)
-        assert synced() == 1.0 and informed.broken() == {}
+        assert synced() == 1.0 and informed.broken() == {} and readyz() == 200
     finally:
         informed.stop()
 

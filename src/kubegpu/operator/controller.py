@@ -437,7 +437,7 @@ def run(namespace: str, apply_crds_at_start: bool = True, crds_dir: Path | None 
         registry = CollectorRegistry(auto_describe=False)
         metrics = OperatorMetrics.create(registry)
         api.register_metrics(registry)
-        serve_metrics(metrics_address, registry)
+        serve_metrics(metrics_address, registry, ready=api.trusted)  # /readyz: 503 while a cache is stale
     scheduler = Scheduler(api, namespace, metrics)
     done = threading.Event()
     threading.Thread(target=_requeue_loop, args=(scheduler, stop, done), name="requeue", daemon=True).start()
