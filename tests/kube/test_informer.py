@@ -381,3 +381,28 @@ def test_a_selector_keeps_only_the_selected_objects() -> None:
         assert [p["metadata"]["name"] for p in watched.list("Pod")] == ["other"]
     finally:
         watched.stop()
+
+
+def test_an_eviction_through_an_informer_goes_to_the_eviction_api() -> None:
+    """`evict_pod` evicts through the cluster's client (PDBs honoured) and deletes only where there is none (the
+    in-memory store): an informer must hand on its store's client, or every eviction through it becomes a delete."""
+    from kubegpu.kube.eviction import evict_pod
+
+    class Client:
+        def __init__(self) -> None:
+            self.evictions: list[tuple[str, str]] = []
+
+        def create(self, obj: Any, name: str, namespace: str) -> None:
+            self.evictions.append((namespace, name))
+
+    store = MemoryCluster(VirtualClock(0))
+    store.create(pod("a"))
+    api = Counting(store)
+    api.client = Client()  # type: ignore[attr-defined]
+    informed = InformedCluster(api, ("Pod",), watch_window=0.05)
+    try:
+        assert evict_pod(informed, "default", "a")
+        assert api.client.evictions == [("default", "a")]  # type: ignore[attr-defined]
+        assert [p["metadata"]["name"] for p in store.list("Pod")] == ["a"]  # not deleted behind the PDB's back
+    finally:
+        informed.stop()

@@ -163,6 +163,12 @@ class InformedCluster(Cluster):
     def kinds(self) -> builtins.list[str]:
         return builtins.list(self._caches)
 
+    @property
+    def client(self) -> Any:
+        """The store's API client, where it has one: `kubegpu.kube.eviction.evict_pod` evicts through it (the
+        Eviction API, PDBs honoured); without it, it would delete the pod as it does on the in-memory store."""
+        return getattr(self.store, "client", None)
+
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Whether every kind finished its first list (or was found not served) within `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout

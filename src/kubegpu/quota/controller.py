@@ -146,7 +146,7 @@ class QuotaController:
         lifted = self._lift([by_key[p.key] for p in decision.lift])
         evicted = 0
         for eviction in decision.evict:
-            if evict_pod(self.cluster, eviction.pod.namespace, eviction.pod.name):
+            if evict_pod(self.api, eviction.pod.namespace, eviction.pod.name):  # the Eviction API: PDBs hold
                 evicted += 1
                 record_event(self.cluster, by_key[eviction.pod.key], "QuotaReclaimed", eviction.reason,
                              component=COMPONENT)
