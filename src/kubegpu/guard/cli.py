@@ -69,6 +69,11 @@ def register(app: typer.Typer) -> None:
                                                 "limits); without it shares come from the kubelet's device IDs."),
         mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
                                                     help="MPS memory-slice file the partition agent writes."),
+        share_record_file: Path | None = typer.Option(
+            None, "--share-record-file", envvar="KUBEGPU_SHARE_RECORD_FILE",
+            help="The device plugin's record of each device's share at allocation (its --share-record-file): "
+                 "pods are judged by the share they were admitted under, and nothing is done while it switches "
+                 "configs."),
         pod_resources_socket: Path = typer.Option(Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-socket",
                                                   "--pod-resources-kubelet-socket",
                                                   envvar="KUBEGPU_POD_RESOURCES_SOCKET",
@@ -99,7 +104,7 @@ def register(app: typer.Typer) -> None:
         if metrics_address:
             serve_metrics(metrics_address, metrics.registry)
         guard = Guard(backend, cluster, node, PodResourcesClient(pod_resources_socket), partial(evict_pod, cluster),
-                      policy, metrics, ProcReader(proc_root), shares_for=shares_for)
+                      policy, metrics, ProcReader(proc_root), shares_for=shares_for, share_record=share_record_file)
         if once:
             result = guard.run_once()
             for usage in result.decision.usage:
