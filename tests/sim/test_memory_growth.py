@@ -45,6 +45,13 @@ def test_the_guard_evicts_the_leaker_before_the_gpu_fills() -> None:
     assert result.classes["serving"].completed == 2
 
 
+def test_under_mps_a_leaker_reaches_its_own_limit_and_only_it_dies() -> None:
+    plain, guarded = simulate("mps:4", leak_next_to_servers()), simulate("mps:4+guard", leak_next_to_servers())
+    for result in (plain, guarded):
+        assert result.oom_kills == 1 and result.innocent_oom_kills == 0 and result.guard_actions == 0
+        assert result.classes["notebook"].oom_kills == 1 and result.classes["serving"].completed == 2
+
+
 def test_without_growth_nothing_fills() -> None:
     steady = [dataclasses.replace(j, memory_growth_gib_per_hour=0.0) for j in leak_next_to_servers()]
     result = simulate("time-slicing:4", steady)

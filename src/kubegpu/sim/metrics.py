@@ -205,7 +205,9 @@ class Collector:
         elif outcome == "oom":
             self.oom_kills += 1
             self.oom_by_class[run.job.klass] = self.oom_by_class.get(run.job.klass, 0) + 1
-            if run.share_gib is not None and run.memory_use().at(t) <= run.share_gib + 1e-9:
+            # MPS enforces each client's limit: an OOM kill there is always the pod's own (it reached its limit)
+            if (run.share_gib is not None and not any(d.mps_memory_mib for d in run.devices)
+                    and run.memory_use().at(t) <= run.share_gib + 1e-9):
                 self.innocent_oom_kills += 1
             if run.ooms >= run.job.max_retries:
                 self.failed += 1
