@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 
@@ -250,3 +251,27 @@ def test_kill_process_action_uses_the_recheck(short_tmp: Path) -> None:
     with FakePodResources(node.socket, node.assignments()[:1], allocatable=node.allocatable()):
         result = node.guard(policy=Policy(GuardAction.KILL_PROCESS)).run_once()
     assert node.killed == [101] and [o for _, o in result.done] == ["killed"]
+
+
+async def test_an_allocation_whose_share_cannot_be_recorded_fails(short_tmp: Path) -> None:
+    """Record before act: a container must never get a device whose record is not its own (an older record of the
+    same ID would then speak for it)."""
+    node = Node(short_tmp)
+    (short_tmp / "state").write_text("a file where the record's directory should be")
+    node.config.write_text(yaml.safe_dump(sliced(2)))
+    kubelet = FakeKubelet(short_tmp)
+    await kubelet.start()
+    plugin = DevicePluginManager(
+        node.backend, lambda: effective_device_plugin_config(node.config, {}, {}),
+        PluginSettings(plugin_dir=short_tmp, kubelet_socket=kubelet.socket, share_record_file=node.record),
+        HealthPolicy(quiet_period_s=300))
+    try:
+        await plugin.start()
+        await kubelet.wait_for(lambda: kubelet.summary() == {GPU: (2, 2)})
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await kubelet.allocate(GPU, [f"{node.uuid}::0"])
+        assert failed.value.code() == grpc.StatusCode.INTERNAL
+        assert "share record" in (failed.value.details() or "")
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
