@@ -164,11 +164,14 @@ def test_a_config_switch_keeps_the_share_pods_were_admitted_under(real_node: Nod
                 gpu, pid = placed[name]
                 sim_node(real_node, "add-process", str(node_file), "--gpu", str(gpu), "--pid", str(pid),
                          "--memory-mib", str(mib))
-            with running(real_node.gpu_guard("--share-record-file", str(record))) as guard:
+            with running(real_node.gpu_guard("--share-record-file", str(record), "--log-level", "debug")) as guard:
                 guard.wait_log("guarding node")
                 until(lambda: f"evicted {node_ns}/{late}" in guard.log(), f"{late} evicted by the guard")
                 settle(1.5)  # a few more rounds: the early pod, over today's share only, stays
                 assert guard.log().count("evicted ") == 1, guard.log()[-2000:]
+                log = guard.log()  # each round's usage line: used/share per pod and GPU
+                assert f"{early} on {placed[early][0]}: 30000/40960 MiB" in log, log[-2000:]
+                assert f"{late} on {placed[late][0]}: 25000/20480 MiB" in log, log[-2000:]
             pod = cluster.get("Pod", early, node_ns)
             assert not pod["metadata"].get("deletionTimestamp") and pod["status"]["phase"] == "Running"
     finally:

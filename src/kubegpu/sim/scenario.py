@@ -110,6 +110,7 @@ class JobClass(_Model):
     runtime: tuple[Seconds, Seconds]
     max_retries: int = Field(default=2, ge=0, le=1000)
     memory_growth_gib_per_hour: Range | None = Field(default=None, alias="memoryGrowthGiBPerHour")  # creeping use
+    memory_growth_share: float = Field(default=1.0, ge=0, le=1, alias="memoryGrowthShare")  # of its jobs that creep
 
     @field_validator("gpus", mode="before")
     @classmethod

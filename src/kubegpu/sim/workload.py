@@ -18,8 +18,9 @@ Trace format (YAML: a list of mappings, or a mapping with a ``jobs:`` list; CSV:
 
 Memory is what real workloads show: a first allocation shortly after the pod starts, then (for a class with
 `memoryGrowthGiBPerHour`) use that creeps up for as long as the pod runs — a notebook that keeps tensors around, a
-server whose caches grow. Each job's rate is drawn from its class's range by a generator of its own, seeded by the
-scenario's seed and the class, so adding growth to a class changes nothing else of the workload.
+server whose caches grow — in the share of its jobs `memoryGrowthShare` says (default all). Whether a job creeps
+and how fast are drawn by a generator of its own, seeded by the scenario's seed and the class, so adding growth to a
+class changes nothing else of the workload.
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ def generate(classes: Sequence[JobClass], duration: float, seed: int) -> list[Jo
             jobs.extend(_class_jobs(job_class, duration, rng))
             continue
         creep = random.Random(f"{seed}:{job_class.name}:growth")  # its own draws: the rest of the class unchanged
-        jobs.extend(dataclasses.replace(job, memory_growth_gib_per_hour=round(creep.uniform(*growth), 3))
-                    for job in _class_jobs(job_class, duration, rng))
+        for job in _class_jobs(job_class, duration, rng):
+            rate = round(creep.uniform(*growth), 3)
+            creeps = job_class.memory_growth_share >= 1 or creep.random() < job_class.memory_growth_share
+            jobs.append(dataclasses.replace(job, memory_growth_gib_per_hour=rate if creeps else 0.0))
     jobs.sort(key=lambda job: (job.arrival, job.name))
     return jobs
 
