@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.guard.agent import CONDITION_TYPE, Guard
+from kubegpu.guard.agent import CONDITION_TYPE, Guard, KillOutcome
 from kubegpu.guard.core import GuardAction, Policy
 from kubegpu.guard.procs import ProcReader
 from kubegpu.kube.memory import MemoryCluster
@@ -53,12 +53,12 @@ class Node:
                      policy or Policy(), kwargs.pop("metrics", GuardMetrics()), ProcReader(self.proc),
                      kill=self.kill, **kwargs)
 
-    def kill(self, pid: int, still_ours: Callable[[], bool]) -> bool:
+    def kill(self, pid: int, still_ours: Callable[[], bool]) -> KillOutcome:
         """The host killer's contract: the process's cgroup is asked again right before the signal."""
         if not still_ours():
-            return False
+            return KillOutcome.NOT_OURS
         self.killed.append(pid)
-        return True
+        return KillOutcome.KILLED
 
     def condition(self, name: str) -> dict[str, Any] | None:
         conditions = (self.cluster.get("Pod", name, "ml").get("status") or {}).get("conditions") or []

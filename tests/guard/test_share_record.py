@@ -23,7 +23,7 @@ from kubegpu.deviceplugin.health import HealthPolicy
 from kubegpu.deviceplugin.manager import DevicePluginManager, PluginSettings
 from kubegpu.files import CorruptStateError
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.guard.agent import Guard, kill_host_process
+from kubegpu.guard.agent import Guard, KillOutcome, kill_host_process
 from kubegpu.guard.core import GuardAction, Policy
 from kubegpu.guard.procs import ProcReader
 from kubegpu.kube.memory import MemoryCluster
@@ -70,11 +70,11 @@ class Node:
         fake_process(self.proc, pid, self.uid(owner))
         self.backend.add_process(0, pid, mib)
 
-    def kill(self, pid: int, still_ours: Callable[[], bool]) -> bool:
+    def kill(self, pid: int, still_ours: Callable[[], bool]) -> KillOutcome:
         if not still_ours():
-            return False
+            return KillOutcome.NOT_OURS
         self.killed.append(pid)
-        return True
+        return KillOutcome.KILLED
 
     def guard(self, **kwargs: Any) -> Guard:
         return Guard(self.backend, self.cluster, "sim-node", PodResourcesClient(self.socket), self.evictor,
@@ -218,16 +218,17 @@ def test_a_recycled_pid_is_not_killed(short_tmp: Path) -> None:
     with FakePodResources(node.socket, node.assignments()[:2], allocatable=node.allocatable()):
         result = node.guard().run_once()
     assert evictor.calls == ["a"] and node.killed == []
-    assert [(a.holding.pod, o) for a, o in result.done] == [("a", "not killed (pdb; processes gone)")]
+    assert [(a.holding.pod, o) for a, o in result.done] == [
+        ("a", "not killed (pdb; its processes' PIDs are someone else's now)")]
 
 
 def test_kill_host_process_pins_the_process_before_the_check() -> None:
     assert hasattr(os, "pidfd_open")  # Linux, Python 3.9+: the path the guard takes on every real node
     child = subprocess.Popen(["sleep", "60"])
     try:
-        assert kill_host_process(child.pid, lambda: False) is False
+        assert kill_host_process(child.pid, lambda: False) == KillOutcome.NOT_OURS
         assert child.poll() is None  # not ours: alive
-        assert kill_host_process(child.pid, lambda: True) is True
+        assert kill_host_process(child.pid, lambda: True) == KillOutcome.KILLED
         assert child.wait(timeout=10) == -signal.SIGKILL
     finally:
         child.kill()
@@ -239,7 +240,8 @@ def test_kill_host_process_pins_the_process_before_the_check() -> None:
             other.wait()  # reaped: its PID is free for anyone now; the pidfd still names the dead process
             return True
 
-        assert kill_host_process(other.pid, exits_after_the_check) is False
+        # the signal went to the pinned process, which is gone: nothing else was hit
+        assert kill_host_process(other.pid, exits_after_the_check) == KillOutcome.GONE
     finally:
         other.kill()
         other.wait()

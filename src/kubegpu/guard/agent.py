@@ -28,6 +28,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,12 +71,19 @@ class Assignments(Protocol):
 
 Evictor = Callable[[str, str], bool]
 """(namespace, name) → True when evicted (or already gone), False when a PodDisruptionBudget refuses (429)."""
-Killer = Callable[[int, Callable[[], bool]], bool]
-"""(pid, still ours) → True when the process was killed. `still ours` re-reads the PID's cgroup and must be asked
-after the process is pinned and before the signal, so a PID recycled since the reading is never hit."""
+class KillOutcome(StrEnum):
+    KILLED = "killed"
+    GONE = "gone"  # the process had exited already: nothing left to kill, its memory is the driver's again
+    NOT_OURS = "not-ours"  # its PID now names a process of someone else: left alone
+    DENIED = "denied"
 
 
-def kill_host_process(pid: int, still_ours: Callable[[], bool]) -> bool:
+Killer = Callable[[int, Callable[[], bool]], KillOutcome]
+"""(pid, still ours) → what became of the process. `still ours` re-reads the PID's cgroup and must be asked after
+the process is pinned and before the signal, so a PID recycled since the reading is never hit."""
+
+
+def kill_host_process(pid: int, still_ours: Callable[[], bool]) -> KillOutcome:
     """SIGKILL a process in the host's PID namespace (the DaemonSet runs with hostPID), if it is still the pod's.
 
     The PID was read from the driver a while ago, with API calls in between: the process may have exited and its
@@ -95,17 +103,17 @@ def kill_host_process(pid: int, still_ours: Callable[[], bool]) -> bool:
                     raise
         if not still_ours():
             log.info("process %d no longer belongs to the pod; not killed", pid)
-            return False
+            return KillOutcome.NOT_OURS
         if fd is not None and send is not None:
             send(fd, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
-        return True
+        return KillOutcome.KILLED
     except ProcessLookupError:
-        return False  # gone already: nothing to kill
+        return KillOutcome.GONE
     except PermissionError:
         log.warning("not allowed to kill process %d", pid)
-        return False
+        return KillOutcome.DENIED
     finally:
         if fd is not None:
             os.close(fd)
@@ -308,24 +316,25 @@ class Guard:
                      holding.namespace, holding.pod, ", ".join(map(str, action.pids)))
             killed = self._kill(action)
             if not killed:
-                return "not killed (pdb; processes gone)"
+                return "not killed (pdb; its processes' PIDs are someone else's now)"
             self._event(pod, f"{message}; a PodDisruptionBudget refused the eviction, so the offending process(es) "
                              f"{', '.join(map(str, killed))} were killed", EVENT_REASON)
             self.metrics.actions.labels("kill-process", "pdb-protected").inc()
             return "killed (pdb)"
         killed = self._kill(action)
         if not killed:
-            return "not killed (processes gone)"
+            return "not killed (its processes' PIDs are someone else's now)"
         self._event(pod, f"{message}; killed process(es) {', '.join(map(str, killed))}", EVENT_REASON)
         self.metrics.actions.labels("kill-process", action.reason.value).inc()
         return "killed"
 
     def _kill(self, action: Action) -> list[int]:
         """Kill the action's processes that still belong to its pod (each re-checked right before its signal);
-        the PIDs killed."""
+        the PIDs that are no more (killed, or exited already)."""
         killed = []
         for pid in action.pids:
-            if not self.kill(pid, partial(self._still_owned, pid, action.holding.uid)):
+            outcome = self.kill(pid, partial(self._still_owned, pid, action.holding.uid))
+            if outcome not in (KillOutcome.KILLED, KillOutcome.GONE):
                 continue
             killed.append(pid)
             remove = getattr(self.backend, "remove_process", None)  # a simulated node: the driver frees it
