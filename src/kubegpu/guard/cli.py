@@ -130,21 +130,31 @@ def register(app: typer.Typer) -> None:
 
 
 def _config_shares(config: Path, mps_slices_file: Path | None) -> SharesFor:
-    """Device shares from the device plugin's own config and MPS slices: the exact source (MPS limits included)."""
+    """Device shares from the device plugin's own config and MPS slices: the exact source (MPS limits included).
+    The config is read again whenever the file changes (the config manager re-points it on a switch), so devices
+    with no share record are judged by the config the node runs now; a bad one is an error at start, and later one
+    that fails the round (nothing is done on a config that cannot be read)."""
     from kubegpu.config.deviceplugin_models import parse_device_plugin_config
-    from kubegpu.files import load_yaml_file
+    from kubegpu.files import file_identity, load_yaml_file
     from kubegpu.sharing.devices import devices_by_resource
     from kubegpu.sharing.mps import read_slices
     from kubegpu.sharing.shares import shares_from_inventory
 
-    raw = load_yaml_file(config)
-    parse_device_plugin_config(raw, str(config))
+    def load() -> object:
+        raw = load_yaml_file(config)
+        parse_device_plugin_config(raw, str(config))
+        return raw
+
+    loaded: list[tuple[object, object]] = [(file_identity(config), load())]
 
     def shares_for(gpus: list[GpuDevice], migs: list[MigDevice]) -> dict[str, DeviceShare]:
+        identity = file_identity(config)
+        if identity != loaded[0][0]:
+            loaded[0] = (identity, load())
         by_gpu: dict[int, list[MigDevice]] = {}
         for mig in migs:
             by_gpu.setdefault(mig.gpu_index, []).append(mig)
         slices = read_slices(mps_slices_file) if mps_slices_file is not None else None
-        return shares_from_inventory(devices_by_resource(gpus, by_gpu, raw, slices))
+        return shares_from_inventory(devices_by_resource(gpus, by_gpu, loaded[0][1], slices))
 
     return shares_for
