@@ -132,8 +132,8 @@ def register(app: typer.Typer) -> None:
 def _config_shares(config: Path, mps_slices_file: Path | None) -> SharesFor:
     """Device shares from the device plugin's own config and MPS slices: the exact source (MPS limits included).
     The config is read again whenever the file changes (the config manager re-points it on a switch), so devices
-    with no share record are judged by the config the node runs now; a bad one is an error at start, and later one
-    that fails the round (nothing is done on a config that cannot be read)."""
+    with no share record are judged by the config the node runs now. A bad config is an error at start; later it
+    fails the round (nothing is done on a config that cannot be read)."""
     from kubegpu.config.deviceplugin_models import parse_device_plugin_config
     from kubegpu.files import file_identity, load_yaml_file
     from kubegpu.sharing.devices import devices_by_resource
