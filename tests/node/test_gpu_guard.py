@@ -178,6 +178,43 @@ def test_a_config_switch_keeps_the_share_pods_were_admitted_under(real_node: Nod
         SimulatedBackend.create(node_file, real_node.node.gpus, node_name="real-node-0")  # fresh GPUs
 
 
+def test_kill_process_kills_the_offenders_own_process(real_node: NodeSession, node_ns: str, tmp_path: Path) -> None:
+    """`--action kill-process` on the real node: the offender's container process is pinned with a pidfd, its
+    cgroup read again, and killed through the pidfd; the neighbour's process on the same GPU lives on."""
+    cluster = real_node.cluster
+    node_file = real_node.node.node_file
+    config = tmp_path / "device-plugin.yaml"
+    config.write_text(yaml.safe_dump({"version": "v1", "sharing": {"timeSlicing": {
+        "renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}))
+    uuids = {g.uuid: g.index for g in SimulatedBackend(node_file).devices()}
+    try:
+        with running(real_node.device_plugin("--config", str(config))) as plugin:
+            plugin.wait_log("registered nvidia.com/gpu.shared")
+            wait_allocatable(cluster, SHARED, 4 * len(uuids))
+            offender, neighbour = unique("leaker"), unique("neighbour")
+            pid_of, uid_of = {}, {}
+            for name, mib in ((offender, 30000), (neighbour, 12000)):
+                cluster.create(probe_pod(name, node_ns, {SHARED: 1}, sleep=600))
+                wait_phase(cluster, name, node_ns, ("Running",))
+                env = until(lambda n=name: probe_result(pod_log(cluster, n, node_ns)).env or None, f"{name}'s env")
+                uid_of[name] = cluster.get("Pod", name, node_ns)["metadata"]["uid"]
+                pid_of[name] = until(lambda u=uid_of[name]: sleeper_pid(u), f"the host PID of {name}'s sleep")
+                sim_node(real_node, "add-process", str(node_file), "--gpu",
+                         str(uuids[env["NVIDIA_VISIBLE_DEVICES"]]), "--pid", str(pid_of[name]), "--memory-mib",
+                         str(mib))
+            with running(real_node.gpu_guard("--action", "kill-process")):
+                until(lambda: sleeper_pid(uid_of[offender]) is None, f"{offender}'s sleep killed")
+                settle(1.5)  # a few more rounds: the neighbour, within its share, keeps its process
+            assert sleeper_pid(uid_of[neighbour]) == pid_of[neighbour]
+            assert cluster.get("Pod", neighbour, node_ns)["status"]["phase"] == "Running"
+            wait_phase(cluster, offender, node_ns, ("Failed", "Succeeded"))  # its shell ends without its sleep
+    finally:
+        SimulatedBackend.create(node_file, real_node.node.gpus, node_name="real-node-0")  # fresh GPUs
+    events = [e["message"] for e in cluster.list("Event", node_ns) if e["involvedObject"]["name"] == offender
+              and e["reason"] == "GPUMemoryExceeded"]
+    assert any(f"killed process(es) {pid_of[offender]}" in m for m in events), events
+
+
 def _exists(cluster: Any, name: str, namespace: str) -> bool:
     from kubegpu.kube.errors import NotFound
 
