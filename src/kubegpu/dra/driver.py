@@ -89,7 +89,7 @@ class DraDriver:
                  mps_binary: str | None = None, fractional: bool = False) -> None:
         """`mps_binary`: the `nvidia-cuda-mps-control` to start MPS-shared claims' daemons with; None records their
         limits only (a simulated node). `fractional`: whole GPUs are shared by thousandths (`devices` module doc);
-        a claim's share is enforced by MPS, its limits from the share (`_fraction`)."""
+        a claim's share is enforced by MPS, its limits from the share (`_sharing`)."""
         self.backend = backend
         self.node_name = node_name
         self.driver_name = driver_name
