@@ -431,7 +431,7 @@ def quota_objects(policy: ClusterPolicy, namespace: str, state: str) -> list[dic
     from kubegpu.sharing.charges import ChargeTable
 
     spec = policy.spec.quota
-    table = ChargeTable(default_model=spec.defaultGpuModel, replicas=dict(spec.replicas))
+    table = ChargeTable.for_models(spec.gpuModels, dict(spec.replicas))
     objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
     for obj in objects:
         obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}

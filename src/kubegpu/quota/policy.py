@@ -29,13 +29,16 @@ from typing import Any
 from kubegpu.scheduling.pods import QUOTA_GATE
 from kubegpu.sharing.charges import (
     GIB,
+    TABLE_BYTES_SUFFIX,
     TABLE_DEFAULT_KEY,
-    TABLE_PRODUCT_PREFIX,
+    TABLE_KEYS_KEY,
     TABLE_REPLICAS_PREFIX,
+    TABLE_SHAPE_PREFIX,
+    TABLE_SHAPES_KEY,
     ChargeTable,
     table_data,
 )
-from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_PRODUCT_LABEL
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 NAMESPACE = "kubegpu"
 TABLE_NAME = "kubegpu-gpu-memory"
@@ -49,24 +52,42 @@ MAP_API = "admissionregistration.k8s.io/v1"
 _NAMED = r"^nvidia[.]com/(mig-.*[0-9]+gb.*|gpu-[0-9]+gb([.]shared)?)$"
 """The names that carry their size (`charges.named_memory_gib`): MIG profiles and MPS slices, `.shared` replicas too."""
 
-_PRODUCTS = f"""
-has(object.spec.nodeSelector) && '{GPU_PRODUCT_LABEL}' in object.spec.nodeSelector
-  ? [object.spec.nodeSelector['{GPU_PRODUCT_LABEL}']]
-  : (has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity)
-     && has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)
-     ? object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.map(t,
-         has(t.matchExpressions)
-           ? t.matchExpressions.filter(e, e.key == '{GPU_PRODUCT_LABEL}' && e.operator == 'In' && has(e.values))
-               .map(e, e.values).flatten()
-           : []).flatten()
-     : [])
+_REQUIRED = "object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+_HAS_REQUIRED = (f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) "
+                 f"&& has({_REQUIRED})")
+_LABEL = f"('{TABLE_SHAPE_PREFIX}' + s + '.' + e.key.replace('/', '_'))"
+_INTEGER = "'^[+-]?[0-9]+$'"
+
+_REQUIREMENT = f"""
+!(e.key in variables.keys)
+|| (e.operator == 'In' && {_LABEL} in params.data && has(e.values) && params.data[{_LABEL}] in e.values)
+|| (e.operator == 'NotIn' && !({_LABEL} in params.data && has(e.values) && params.data[{_LABEL}] in e.values))
+|| (e.operator == 'Exists' && {_LABEL} in params.data)
+|| (e.operator == 'DoesNotExist' && !({_LABEL} in params.data))
+|| ((e.operator == 'Gt' || e.operator == 'Lt') && {_LABEL} in params.data && has(e.values) && size(e.values) == 1
+    && params.data[{_LABEL}].matches({_INTEGER}) && e.values[0].matches({_INTEGER})
+    && (e.operator == 'Gt' ? int(params.data[{_LABEL}]) > int(e.values[0])
+                           : int(params.data[{_LABEL}]) < int(e.values[0])))
 """.strip()
+"""CEL: requirement `e` holds on shape `s` (`ChargeTable._term_allows` with `LabelRequirement.matches_value`): a
+label the table does not know may hold on some node; an absent label fails In, Exists, Gt and Lt."""
+
+_LANDING = f"""
+params.data['{TABLE_SHAPES_KEY}'].split(',').filter(s,
+  (!has(object.spec.nodeSelector) || object.spec.nodeSelector.all(k, !(k in variables.keys)
+     || (('{TABLE_SHAPE_PREFIX}' + s + '.' + k.replace('/', '_')) in params.data
+         && params.data['{TABLE_SHAPE_PREFIX}' + s + '.' + k.replace('/', '_')] == object.spec.nodeSelector[k])))
+  && (!({_HAS_REQUIRED}) || (has({_REQUIRED}.nodeSelectorTerms) && {_REQUIRED}.nodeSelectorTerms.exists(t,
+        ((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))
+        && (!has(t.matchExpressions) || t.matchExpressions.all(e, {_REQUIREMENT})))))
+)
+""".strip()
+"""CEL: the ids of the shapes the pod may land on (`ChargeTable.landing_shapes`)."""
 
 _WHOLE = f"""
-variables.products.size() == 0
+variables.landing.size() == 0
   ? int(params.data['{TABLE_DEFAULT_KEY}'])
-  : variables.products.map(p, ('{TABLE_PRODUCT_PREFIX}' + p) in params.data
-      ? int(params.data['{TABLE_PRODUCT_PREFIX}' + p]) : int(params.data['{TABLE_DEFAULT_KEY}'])).max()
+  : variables.landing.map(s, int(params.data['{TABLE_SHAPE_PREFIX}' + s + '.{TABLE_BYTES_SUFFIX}'])).max()
 """.strip()
 
 
@@ -113,7 +134,8 @@ _POD_NAME = ("(has(object.metadata.name) && object.metadata.name != '' ? object.
 
 def _variables() -> list[dict[str, str]]:
     return [
-        {"name": "products", "expression": _PRODUCTS},
+        {"name": "keys", "expression": f"params.data['{TABLE_KEYS_KEY}'].split(',')"},
+        {"name": "landing", "expression": _LANDING},
         {"name": "whole", "expression": _WHOLE},
         {"name": "charges", "expression": _charges("containers")},
         {"name": "initCharges", "expression": _charges("initContainers")},
