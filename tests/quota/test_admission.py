@@ -213,7 +213,12 @@ def test_a_missing_table_refuses_gpu_pods_naming_it(policy: lightkube.Client, na
             return None  # the API server's informer has not seen the delete yet
 
         message = wait_for(refused, "a GPU pod refused without the table", 30)
-        assert TABLE_NAME in message, message
+        assert f"the table ConfigMap {NAMESPACE}/{TABLE_NAME} is missing" in message, message
+        with pytest.raises(lightkube.ApiError):  # an init container's GPUs too
+            body = gpu_pod(namespace, {"cpu": "1"})
+            body["spec"]["initContainers"] = [{"name": "warm", "image": "busybox",
+                                               "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}]
+            create(policy, body, dry_run=True)
         assert stored_charge(create(policy, gpu_pod(namespace, {"cpu": "1"}))) == {}  # other pods are not affected
     finally:
         apply_all(policy, [table])

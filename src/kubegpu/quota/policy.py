@@ -43,6 +43,7 @@ from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 NAMESPACE = "kubegpu"
 TABLE_NAME = "kubegpu-gpu-memory"
 CHARGE_POLICY = "kubegpu-gpu-memory"
+TABLE_GUARD = "kubegpu-gpu-memory-table"
 GATE_POLICY = "kubegpu-quota-gate"
 LABELS = {"app.kubernetes.io/part-of": "kubegpu", "app.kubernetes.io/component": "quota"}
 MAP_API = "admissionregistration.k8s.io/v1"
@@ -187,7 +188,9 @@ def table_configmap(table: ChargeTable | None = None, namespace: str = NAMESPACE
 def charge_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """The mutating policy that adds the charge and the validating one that refuses a smaller own value."""
     conditions = [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}]
-    param_ref = {"name": TABLE_NAME, "namespace": namespace, "parameterNotFoundAction": "Deny"}
+    # Allow: the API server resolves the parameter before it evaluates matchConditions, so Deny would refuse every
+    # pod, GPU or not, while the table is missing; the table guard below refuses the GPU pods left uncharged
+    param_ref = {"name": TABLE_NAME, "namespace": namespace, "parameterNotFoundAction": "Allow"}
     checks = []
     for field, charges, quantities in (("containers", "charges", "quantities"),
                                        ("initContainers", "initCharges", "initQuantities")):
@@ -211,6 +214,33 @@ def charge_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
                   "validations": checks}},
         {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(CHARGE_POLICY),
          "spec": {"policyName": CHARGE_POLICY, "paramRef": param_ref, "validationActions": ["Deny"]}},
+        *_table_guard(namespace),
+    ]
+
+
+def _table_guard(namespace: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy without a parameter: a container that asks for GPUs and carries no
+    `kubegpu.io/gpu-memory` after the mutating policy ran was left uncharged, which happens only while the table is
+    missing; it is refused with a message naming the table (the operator restores it)."""
+    # requests, as the charge reads them (the API server has copied limits into them by now)
+    uncharged = ("c.resources.requests.exists(k, k.startsWith('nvidia.com/') "
+                 "&& quantity(string(c.resources.requests[k])).asInteger() > 0) "
+                 f"&& !({_owns('c')} && {_own_value('c')} > 0)")
+    checks = []
+    for field in ("containers", "initContainers"):
+        check = (f"!has(object.spec.{field}) || object.spec.{field}.all(c, !has(c.resources) "
+                 f"|| !has(c.resources.requests) || !({uncharged}))")
+        checks.append({"expression": check, "reason": "Forbidden", "messageExpression":
+                       f"'pod ' + request.namespace + '/' + {_POD_NAME} + ': its GPU resources cannot be charged: "
+                       f"the table ConfigMap {namespace}/{TABLE_NAME} is missing (kubegpu quota manifests, or the "
+                       f"operator, restores it)'"})
+    return [
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": _meta(TABLE_GUARD),
+         "spec": {"matchConstraints": _POD_RULES,
+                  "matchConditions": [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}],
+                  "failurePolicy": "Fail", "validations": checks}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(TABLE_GUARD),
+         "spec": {"policyName": TABLE_GUARD, "validationActions": ["Deny"]}},
     ]
 
 

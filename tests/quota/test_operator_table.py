@@ -1,0 +1,32 @@
+"""The operator renders the charge table from the ClusterPolicy (the cluster's GPU models, the replicas) and puts it
+back when it is deleted: without it GPU pods are refused (tests/quota/test_admission.py), so it must not stay gone."""
+
+from __future__ import annotations
+
+from kubegpu.operator.passes import run_pass
+from kubegpu.quota.policy import TABLE_GUARD, TABLE_NAME
+from tests.operator.fakeapi import FakeApi
+
+NS = "kubegpu"
+GIB = 1 << 30
+
+
+def table(api: FakeApi) -> dict[str, str] | None:
+    found = [o for k, o in api.objects.items() if k[1] == "ConfigMap" and k[3] == TABLE_NAME]
+    return found[0]["data"] if found else None
+
+
+def test_the_operator_renders_the_table_and_restores_it_when_deleted() -> None:
+    api = FakeApi()
+    api.add_policy("p", {"quota": {"enabled": True, "gpuModels": ["A100-SXM4-80GB", "NVIDIA-L4"],
+                                   "replicas": {"nvidia.com/gpu.shared": 2}}}, "2026-01-01T00:00:00Z")
+    run_pass(api, "p", NS, 0.0, "t0")
+    data = table(api)
+    assert data is not None
+    assert data["default"] == str(80 * GIB) and data["replicas.nvidia.com_gpu.shared"] == "2"
+    assert ("ValidatingAdmissionPolicy", TABLE_GUARD) in api.kinds()
+    [key] = [k for k in api.objects if k[1] == "ConfigMap" and k[3] == TABLE_NAME]
+    api.delete(key)
+    assert table(api) is None
+    run_pass(api, "p", NS, 5.0, "t5")
+    assert table(api) == data
