@@ -30,3 +30,30 @@ def test_the_operator_renders_the_table_and_restores_it_when_deleted() -> None:
     assert table(api) is None
     run_pass(api, "p", NS, 5.0, "t5")
     assert table(api) == data
+
+
+def test_the_table_holds_the_clusters_gpu_nodes_so_their_pins_and_largest_gpu_count() -> None:
+    from kubegpu.sharing.charges import ChargeTable, pod_charge, table_data
+
+    api = FakeApi()
+    api.add_policy("p", {"quota": {"enabled": True, "gpuModels": ["NVIDIA-L4"]}}, "2026-01-01T00:00:00Z")
+    api.add_node("cpu-0", {"kubernetes.io/os": "linux"})
+    api.add_node("gcp-0", {"feature.node.kubernetes.io/pci-10de.present": "true",
+                           "nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771",
+                           "node.kubernetes.io/instance-type": "a3-ultragpu-8g", "topology.kubernetes.io/zone": "z"})
+    api.add_node("odd-0", {"nvidia.com/gpu.product": "ACME-X1", "nvidia.com/gpu.memory": "98304"})
+    run_pass(api, "p", NS, 0.0, "t0")
+    data = table(api)
+    assert data is not None and data["default"] == str(141 * GIB)  # the cluster's largest: the H200 node's
+    expected = table_data(ChargeTable.for_cluster(["NVIDIA-L4"], [n["metadata"]["labels"] for n in api.list_nodes()]))
+    assert data == expected
+
+    def charged(selector: dict[str, str]) -> int:
+        body = {"metadata": {"name": "p", "namespace": "a"}, "spec": {"nodeSelector": selector, "containers": [
+            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+        return pod_charge(body, ChargeTable.for_cluster(["NVIDIA-L4"], [n["metadata"]["labels"]
+                                                                         for n in api.list_nodes()])).gpu_memory_bytes
+
+    assert charged({"node.kubernetes.io/instance-type": "a3-ultragpu-8g"}) == 141 * GIB
+    assert charged({"nvidia.com/gpu.product": "ACME-X1"}) == 96 * GIB  # unknown to the catalog: its memory label
+    assert charged({"nvidia.com/gpu.product": "NVIDIA-L4"}) == 22 * GIB

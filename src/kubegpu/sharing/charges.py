@@ -28,7 +28,7 @@ from typing import Any
 
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import CATALOG, GpuModel, find_model, get_model
-from kubegpu.gpu.instances import GPU_INSTANCE_TYPES, gfd_model_labels, instance_type_labels
+from kubegpu.gpu.instances import GPU_INSTANCE_TYPES, GPU_MEMORY_LABEL, gfd_model_labels, instance_type_labels
 from kubegpu.kube.selectors import NodeSelectorTerm, node_selector_terms
 from kubegpu.scheduling.pods import pod_key
 from kubegpu.scheduling.requests import container_requests
@@ -95,6 +95,26 @@ def catalogue_shapes(models: Sequence[str] | None = None) -> tuple[GpuShape, ...
     return tuple(shapes)
 
 
+def node_shape(labels: Mapping[str, str]) -> GpuShape | None:
+    """A GPU node as a shape (None for a node GFD has not labelled with a product): its labels that pin a model (those
+    the catalog's shapes carry), charged its model's memory, else its `nvidia.com/gpu.memory` label's whole GiB (a
+    GPU the catalog does not know). Nodes of the cluster join the table, so a pin through a label the catalog does
+    not list (another cloud's instance type) still narrows the charge, and the cluster's largest GPU is known."""
+    product = labels.get(GPU_PRODUCT_LABEL)
+    if not product:
+        return None
+    model = model_of_product(product)
+    if model is not None:
+        whole = model_memory_bytes(model)
+    else:
+        memory = labels.get(GPU_MEMORY_LABEL, "")
+        if not memory.isdigit() or int(memory) < 1024:
+            return None
+        whole = int(memory) // 1024 * GIB
+    keys = shipped_table().pinning_keys
+    return GpuShape({k: v for k, v in sorted(labels.items()) if k in keys}, whole)
+
+
 @dataclass(frozen=True)
 class ChargeTable:
     """The cluster-wide table: the shapes of node a GPU pod may land on (a whole GPU is charged the largest one the
@@ -120,6 +140,18 @@ class ChargeTable:
                 raise ConfigError(f"GPU model {model!r} is not in the catalog; known: {', '.join(CATALOG)}")
         return cls(catalogue_shapes(models) if models else catalogue_shapes(),
                    dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas))
+
+    @classmethod
+    def for_cluster(cls, models: Sequence[str], nodes: Sequence[Mapping[str, str]],
+                    replicas: Mapping[str, int] | None = None) -> ChargeTable:
+        """`for_models`, with a shape for each distinct GPU node (`node_shape`, from its labels) added."""
+        table = cls.for_models(models, replicas)
+        extra: dict[tuple[tuple[str, str], ...], GpuShape] = {}
+        for labels in nodes:
+            shape = node_shape(labels)
+            if shape is not None and shape not in table.shapes:
+                extra.setdefault(tuple(sorted(shape.labels.items())), shape)
+        return cls((*table.shapes, *(extra[k] for k in sorted(extra))), table.replicas) if extra else table
 
     @cached_property
     def largest_bytes(self) -> int:
