@@ -45,7 +45,7 @@ def gpu_pod(name: str, resource: str, charged: bool, bound: bool = False) -> dic
 
 
 def test_a_recut_places_charged_pods_as_uncharged_ones() -> None:
-    # seven 1g.10gb (70Gi advertised), one in use; 3g.40gb + 2g.20gb + 1g.10gb pending: 80Gi charged in all after a re-cut
+    # seven 1g.10gb (70Gi advertised), one in use; 3g.40gb + 2g.20gb + 1g.10gb pending: 80Gi charged after a re-cut
     layout = [("1g.10gb", i, i == 0) for i in range(7)]
     results = []
     for charged in (False, True):
