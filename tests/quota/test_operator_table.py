@@ -57,3 +57,13 @@ def test_the_table_holds_the_clusters_gpu_nodes_so_their_pins_and_largest_gpu_co
     assert charged({"node.kubernetes.io/instance-type": "a3-ultragpu-8g"}) == 141 * GIB
     assert charged({"nvidia.com/gpu.product": "ACME-X1"}) == 96 * GIB  # unknown to the catalog: its memory label
     assert charged({"nvidia.com/gpu.product": "NVIDIA-L4"}) == 22 * GIB
+
+
+def test_without_listed_models_the_clusters_gpu_nodes_are_its_models() -> None:
+    api = FakeApi()
+    api.add_policy("p", {"quota": {"enabled": True}}, "2026-01-01T00:00:00Z")
+    run_pass(api, "p", NS, 0.0, "t0")
+    assert table(api)["default"] == str(180 * GIB)  # type: ignore[index]  # no GPU node yet: the whole catalog
+    api.add_node("a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"})
+    run_pass(api, "p", NS, 5.0, "t5")
+    assert table(api)["default"] == str(80 * GIB)  # type: ignore[index]  # an unpinned pod pays an A100

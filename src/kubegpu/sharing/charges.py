@@ -144,14 +144,18 @@ class ChargeTable:
     @classmethod
     def for_cluster(cls, models: Sequence[str], nodes: Sequence[Mapping[str, str]],
                     replicas: Mapping[str, int] | None = None) -> ChargeTable:
-        """`for_models`, with a shape for each distinct GPU node (`node_shape`, from its labels) added."""
-        table = cls.for_models(models, replicas)
-        extra: dict[tuple[tuple[str, str], ...], GpuShape] = {}
+        """The cluster's table: a shape for each distinct GPU node (`node_shape`, from its labels) and the catalog
+        shapes of `models` (the GPUs nodes may still bring: an autoscaler's); with neither, the whole catalog."""
+        found: dict[tuple[tuple[str, str], ...], GpuShape] = {}
         for labels in nodes:
             shape = node_shape(labels)
-            if shape is not None and shape not in table.shapes:
-                extra.setdefault(tuple(sorted(shape.labels.items())), shape)
-        return cls((*table.shapes, *(extra[k] for k in sorted(extra))), table.replicas) if extra else table
+            if shape is not None:
+                found.setdefault(tuple(sorted(shape.labels.items())), shape)
+        if not found:
+            return cls.for_models(models, replicas)
+        listed = cls.for_models(models, replicas).shapes if models else ()
+        return cls((*listed, *(found[k] for k in sorted(found) if found[k] not in listed)),
+                   dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas))
 
     @cached_property
     def largest_bytes(self) -> int:
