@@ -162,3 +162,48 @@ def test_a_node_full_of_unpinned_pods_still_fits_their_charge(model: str, sharin
     assert 0 < pods <= capacity
     # and the capacity before the node exists (instance types, NodeClaims) is the same number
     assert sharing_capacity(sharing, model, 2, {"cpu": 8.0})[GPU_MEMORY_RESOURCE] == capacity
+
+
+# ------------------------------------------------------------------------------------------ NodePools
+
+
+def pool(name: str, requirements: list[dict[str, Any]], labels: dict[str, str] | None = None,
+         api_version: str = "kubegpu.io/v1") -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": "NodePool", "metadata": {"name": name},
+            "spec": {"template": {"metadata": {"labels": labels or {}}, "spec": {"requirements": requirements}}}}
+
+
+POOLS = [
+    pool("small", [expr("karpenter.k8s.aws/instance-gpu-name", "In", "l4", "t4"),
+                   expr("topology.kubernetes.io/zone", "In", "us-east-1a")], {"team": "inference"}),
+    pool("big", [expr("node.kubernetes.io/instance-type", "In", "p5e.48xlarge")], api_version="karpenter.sh/v1"),
+]
+
+
+def test_the_gpus_a_nodepool_may_launch_are_where_its_pods_may_land() -> None:
+    table = ChargeTable.for_cluster([], [], None, POOLS)
+    assert table.largest_bytes == H200  # nothing bigger can come
+    assert charged(gpu_pod(selector={"kubegpu.io/nodepool": "small"}), table) == 22 * GIB
+    assert charged(gpu_pod(selector={"team": "inference"}), table) == 22 * GIB  # the template's label
+    assert charged(gpu_pod(selector={"karpenter.sh/nodepool": "big"}), table) == H200
+    assert charged(gpu_pod(), table) == H200
+    # a GPU node already there with the pool's label counts with it, under the pool's label too
+    node = {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068", "team": "inference"}
+    with_node = ChargeTable.for_cluster([], [node], None, POOLS)
+    assert charged(gpu_pod(selector={"team": "inference"}), with_node) == 44 * GIB
+
+
+def test_quota_explain_reads_nodepools(tmp_path: Path) -> None:
+    import yaml
+
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump_all(POOLS))
+    (tmp_path / "pod.json").write_text(json.dumps(gpu_pod(selector={"kubegpu.io/nodepool": "small"})))
+    result = CliRunner().invoke(app, ["quota", "explain", "-f", str(tmp_path / "pod.json"), "--nodepools",
+                                      str(tmp_path / "pools.yaml"), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["gpuMemoryBytes"] == 22 * GIB
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(pool("bad", [expr("nvidia.com/gpu.memory", "Gt", "x")])))
+    result = CliRunner().invoke(app, ["quota", "explain", "-f", str(tmp_path / "pod.json"), "--nodepools",
+                                      str(tmp_path / "bad.yaml")])
+    assert result.exit_code == 1
+    assert "NodePool bad: spec.template.spec.requirements" in result.output

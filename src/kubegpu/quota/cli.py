@@ -34,20 +34,41 @@ def _pod_of(document: object, source: str) -> Mapping[str, Any]:
     return {**template, "metadata": template_meta}
 
 
-def _table(config: Path | None, models: list[str] | None) -> ChargeTable:
-    """The cluster's models (default: the whole catalog) and the replicas of a device-plugin config (default: the
-    shipped table's)."""
+def _table(config: Path | None, models: list[str] | None, nodepools: Path | None) -> ChargeTable:
+    """The cluster's models and the GPUs its NodePools may launch (with neither: the whole catalog), and the replicas
+    of a device-plugin config (default: the shipped table's)."""
     replicas = dict(DEFAULT_REPLICAS)
     if config is not None:
         from kubegpu.config.deviceplugin_models import load_device_plugin_config
         from kubegpu.sharing.charges import replicas_of_config
 
         replicas = replicas_of_config(load_device_plugin_config(config))
-    return ChargeTable.for_models([m for value in models or () for m in value.split(",") if m], replicas)
+    return ChargeTable.for_cluster([m for value in models or () for m in value.split(",") if m], (), replicas,
+                                   _nodepools(nodepools) if nodepools is not None else ())
+
+
+def _nodepools(path: Path) -> list[Mapping[str, Any]]:
+    """NodePool manifests (kubegpu.io/v1 or karpenter.sh/v1): YAML or JSON, multi-document or a List."""
+    from kubegpu.files import parse_yaml_documents, read_text
+
+    pools: list[Mapping[str, Any]] = []
+    for index, document in enumerate(parse_yaml_documents(read_text(path), str(path))):
+        items = document.get("items") if isinstance(document, Mapping) and document.get("kind") == "List" else None
+        for item in items if isinstance(items, list) else [document]:
+            if not isinstance(item, Mapping) or item.get("kind") != "NodePool":
+                raise ConfigError(f"{path}: document {index}: expected a NodePool, got "
+                                  f"{item.get('kind') if isinstance(item, Mapping) else type(item).__name__}")
+            pools.append(item)
+    return pools
 
 
 def _models_option(help_text: str) -> list[str] | None:
     return typer.Option(None, "--models", metavar="MODEL[,MODEL...]", help=help_text)
+
+
+def _nodepools_option() -> Path | None:
+    return typer.Option(None, "--nodepools", metavar="FILE", help="NodePool manifests (kubegpu.io/v1 or "
+                        "karpenter.sh/v1): the GPUs they may launch join the cluster's.")
 
 
 def _print_table(charge: PodCharge) -> None:
@@ -74,9 +95,10 @@ def explain_command(
     models: list[str] | None = _models_option("The cluster's GPU models (catalog keys or GFD products; default: "
                                               "the whole catalog): a whole GPU is charged the largest the pod "
                                               "may land on."),
+    nodepools: Path | None = _nodepools_option(),
 ) -> None:
     """The kubegpu.io/gpu-memory a pod is charged, line by line."""
-    table = _table(config, models)
+    table = _table(config, models, nodepools)
     charge = pod_charge(_pod_of(load_yaml_file(file), str(file)), table)
     emit(charge.as_json(), output, table=lambda: _print_table(charge))
 
@@ -88,11 +110,12 @@ def manifests_command(
                                        "come from (default: nvidia.com/gpu.shared with 4 replicas)."),
     models: list[str] | None = _models_option("The cluster's GPU models the table lists (default: the whole "
                                               "catalog)."),
+    nodepools: Path | None = _nodepools_option(),
 ) -> None:
     """Write deploy/kubernetes/quota/ (applied in file-name order): the CRD, the charge table, the policies."""
     from kubegpu.quota.manifests import write_manifests
 
-    for path in write_manifests(output_dir, _table(config, models)):
+    for path in write_manifests(output_dir, _table(config, models, nodepools)):
         typer.echo(str(path))
 
 

@@ -95,7 +95,7 @@ def catalogue_shapes(models: Sequence[str] | None = None) -> tuple[GpuShape, ...
     return tuple(shapes)
 
 
-def node_shape(labels: Mapping[str, str]) -> GpuShape | None:
+def node_shape(labels: Mapping[str, str], keys: frozenset[str] | None = None) -> GpuShape | None:
     """A GPU node as a shape (None for a node GFD has not labelled with a product): its labels that pin a model (those
     the catalog's shapes carry), charged its model's memory, else its `nvidia.com/gpu.memory` label's whole GiB (a
     GPU the catalog does not know). Nodes of the cluster join the table, so a pin through a label the catalog does
@@ -111,8 +111,30 @@ def node_shape(labels: Mapping[str, str]) -> GpuShape | None:
         if not memory.isdigit() or int(memory) < 1024:
             return None
         whole = int(memory) // 1024 * GIB
-    keys = shipped_table().pinning_keys
+    keys = keys or shipped_table().pinning_keys
     return GpuShape({k: v for k, v in sorted(labels.items()) if k in keys}, whole)
+
+
+def nodepool_shapes(pool: Mapping[str, Any]) -> tuple[GpuShape, ...]:
+    """The GPUs a NodePool (kubegpu's `kubegpu.io/v1` or Karpenter's `karpenter.sh/v1`) may launch: each GPU instance
+    type its requirements allow (requirements on labels an instance type does not name, a zone or a capacity type,
+    leave it possible), labelled as its nodes will be: the type's labels, the template's labels and the pool's name.
+    ConfigError naming the pool and the field for a requirement the API server would refuse."""
+    meta = pool.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    template = ((pool.get("spec") or {}).get("template") or {})
+    where = f"NodePool {name}: spec.template.spec.requirements"
+    requirements = (template.get("spec") or {}).get("requirements") or []
+    term = node_selector_terms([{"matchExpressions": requirements}], where)[0] if requirements else None
+    name_label = ("karpenter.sh/nodepool" if str(pool.get("apiVersion", "")).startswith("karpenter.sh/")
+                  else "kubegpu.io/nodepool")
+    extra = {str(k): str(v) for k, v in ((template.get("metadata") or {}).get("labels") or {}).items()}
+    shapes = []
+    for instance_type, (key, _) in sorted(GPU_INSTANCE_TYPES.items()):
+        labels = instance_type_labels(instance_type)
+        if term is None or all(r.key not in labels or r.matches_value(labels[r.key]) for r in term.expressions):
+            shapes.append(GpuShape({**labels, **extra, name_label: name}, model_memory_bytes(CATALOG[key])))
+    return tuple(shapes)
 
 
 @dataclass(frozen=True)
@@ -143,19 +165,22 @@ class ChargeTable:
 
     @classmethod
     def for_cluster(cls, models: Sequence[str], nodes: Sequence[Mapping[str, str]],
-                    replicas: Mapping[str, int] | None = None) -> ChargeTable:
-        """The cluster's table: a shape for each distinct GPU node (`node_shape`, from its labels) and the catalog
-        shapes of `models` (the GPUs nodes may still bring: an autoscaler's); with neither, the whole catalog."""
+                    replicas: Mapping[str, int] | None = None,
+                    pools: Sequence[Mapping[str, Any]] = ()) -> ChargeTable:
+        """The cluster's table: the GPUs its NodePools may launch (`nodepool_shapes`), a shape for each distinct GPU
+        node (`node_shape`, from its labels) and the catalog shapes of `models` (GPUs nodes may still bring some
+        other way); with none of these, the whole catalog."""
+        listed = cls.for_models(models).shapes if models else ()
+        launchable = tuple(shape for pool in pools for shape in nodepool_shapes(pool))
+        keys = shipped_table().pinning_keys | {key for shape in launchable for key in shape.labels}
         found: dict[tuple[tuple[str, str], ...], GpuShape] = {}
         for labels in nodes:
-            shape = node_shape(labels)
+            shape = node_shape(labels, keys)
             if shape is not None:
                 found.setdefault(tuple(sorted(shape.labels.items())), shape)
-        if not found:
-            return cls.for_models(models, replicas)
-        listed = cls.for_models(models, replicas).shapes if models else ()
-        return cls((*listed, *(found[k] for k in sorted(found) if found[k] not in listed)),
-                   dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas))
+        known = (*listed, *launchable)
+        shapes = (*known, *(found[k] for k in sorted(found) if found[k] not in known))
+        return cls(shapes or catalogue_shapes(), dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas))
 
     @cached_property
     def largest_bytes(self) -> int:
