@@ -103,6 +103,10 @@ KINDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("affinity-does-not-exist", {"nvidia.com/gpu": 1}, _required(
         [_expr("karpenter.k8s.aws/instance-gpu-name", "DoesNotExist"),
          _expr("nvidia.com/gpu.product", "In", "NVIDIA-L4", "NVIDIA-H200")])),
+    ("affinity-unknown-value", {"nvidia.com/gpu": 1}, _required(
+        [_expr("node.kubernetes.io/instance-type", "In", "a3-ultragpu-8g", "g6.xlarge")])),
+    ("selector-unknown-value", {"nvidia.com/gpu": 1}, {"nodeSelector": {
+        "karpenter.k8s.aws/instance-gpu-name": "l4", "node.kubernetes.io/instance-type": "g7.xlarge"}}),
     ("affinity-fields-only", {"nvidia.com/gpu": 1}, {"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}),

@@ -67,3 +67,29 @@ def test_without_listed_models_the_clusters_gpu_nodes_are_its_models() -> None:
     api.add_node("a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"})
     run_pass(api, "p", NS, 5.0, "t5")
     assert table(api)["default"] == str(80 * GIB)  # type: ignore[index]  # an unpinned pod pays an A100
+
+
+def test_the_replicas_come_from_what_the_nodes_run() -> None:
+    """GFD's `nvidia.com/<resource>.replicas` on each node: renamed `.shared` replicas, in-place ones (`-SHARED`
+    product), MIG replicas; a name the nodes report overrides the ClusterPolicy's, the fewest where nodes differ."""
+    api = FakeApi()
+    api.add_policy("p", {"quota": {"enabled": True, "replicas": {"nvidia.com/gpu.shared": 4,
+                                                                 "nvidia.com/half-3g": 2}}}, "2026-01-01T00:00:00Z")
+    a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}
+    api.add_node("ts-8", {**a100, "nvidia.com/gpu.replicas": "8"})
+    api.add_node("ts-6", {**a100, "nvidia.com/gpu.replicas": "6"})
+    api.add_node("in-place", {**a100, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-SHARED",
+                              "nvidia.com/gpu.replicas": "2"})
+    api.add_node("mig", {**a100, "nvidia.com/gpu.replicas": "0", "nvidia.com/mig-1g.10gb.replicas": "3",
+                         "nvidia.com/mig-1g.10gb.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"})
+    api.add_node("plain", {**a100, "nvidia.com/gpu.replicas": "1"})
+    run_pass(api, "p", NS, 0.0, "t0")
+    data = table(api)
+    assert data is not None
+    # `nvidia.com/gpu` is a replica on one node and a whole GPU on another: charged whole
+    assert {k: v for k, v in data.items() if k.startswith("replicas.")} == {
+        "replicas.nvidia.com_gpu.shared": "6", "replicas.nvidia.com_mig-1g.10gb.shared": "3",
+        "replicas.nvidia.com_half-3g": "2"}
+    del api.nodes["plain"]
+    run_pass(api, "p", NS, 5.0, "t5")
+    assert table(api)["replicas.nvidia.com_gpu"] == "2"  # type: ignore[index]  # shared in place wherever it is

@@ -75,6 +75,19 @@ def test_a_pin_that_leaves_only_smaller_gpus_is_charged_their_memory() -> None:
     assert charged(gpu_pod(terms=[{"matchExpressions": [expr("nvidia.com/gpu.memory", "Lt", "30000")]}])) == 24 * GIB
 
 
+def test_allowing_a_gpu_the_table_does_not_know_pays_the_largest() -> None:
+    """Another cloud's instance type, next to a small one the table knows: a node of that type may come, holding any
+    GPU, so the pin narrows nothing."""
+    assert charged(gpu_pod(terms=[{"matchExpressions": [
+        expr("node.kubernetes.io/instance-type", "In", "a3-ultragpu-8g", "g6.xlarge")]}])) == B200
+    assert charged(gpu_pod(terms=[{"matchExpressions": [expr("nvidia.com/gpu.product", "In", "NVIDIA-L4")]},
+                                  {"matchExpressions": [expr("nvidia.com/gpu.product", "In", "ACME-X1")]}])) == B200
+    assert charged(gpu_pod(selector={"karpenter.k8s.aws/instance-gpu-name": "l4",
+                                     "node.kubernetes.io/instance-type": "g7.xlarge"})) == B200
+    cluster = ChargeTable.for_models(["L4"])
+    assert charged(gpu_pod(selector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}), cluster) == 22 * GIB
+
+
 @pytest.mark.parametrize("name", sorted(GPU_INSTANCE_TYPES))
 def test_every_gpu_instance_type_pins_its_model(name: str) -> None:
     model = CATALOG[GPU_INSTANCE_TYPES[name][0]]

@@ -35,6 +35,7 @@ from kubegpu.sharing.charges import (
     TABLE_REPLICAS_PREFIX,
     TABLE_SHAPE_PREFIX,
     TABLE_SHAPES_KEY,
+    TABLE_VALUES_PREFIX,
     ChargeTable,
     table_data,
 )
@@ -85,8 +86,18 @@ params.data['{TABLE_SHAPES_KEY}'].split(',').filter(s,
 """.strip()
 """CEL: the ids of the shapes the pod may land on (`ChargeTable.landing_shapes`)."""
 
+_UNKNOWN = f"""
+(has(object.spec.nodeSelector) && object.spec.nodeSelector.exists(k, k in variables.keys
+   && !(object.spec.nodeSelector[k] in params.data['{TABLE_VALUES_PREFIX}' + k.replace('/', '_')].split(','))))
+|| (({_HAS_REQUIRED}) && has({_REQUIRED}.nodeSelectorTerms) && {_REQUIRED}.nodeSelectorTerms.exists(t,
+      has(t.matchExpressions) && t.matchExpressions.exists(e, e.operator == 'In' && e.key in variables.keys
+        && has(e.values)
+        && e.values.exists(v, !(v in params.data['{TABLE_VALUES_PREFIX}' + e.key.replace('/', '_')].split(','))))))
+""".strip()
+"""CEL: the pod allows a pinning label's value no shape carries (`ChargeTable.names_unknown_gpu`)."""
+
 _WHOLE = f"""
-variables.landing.size() == 0
+variables.unknown || variables.landing.size() == 0
   ? int(params.data['{TABLE_DEFAULT_KEY}'])
   : variables.landing.map(s, int(params.data['{TABLE_SHAPE_PREFIX}' + s + '.{TABLE_BYTES_SUFFIX}'])).max()
 """.strip()
@@ -137,6 +148,7 @@ def _variables() -> list[dict[str, str]]:
     return [
         {"name": "keys", "expression": f"params.data['{TABLE_KEYS_KEY}'].split(',')"},
         {"name": "landing", "expression": _LANDING},
+        {"name": "unknown", "expression": _UNKNOWN},
         {"name": "whole", "expression": _WHOLE},
         {"name": "charges", "expression": _charges("containers")},
         {"name": "initCharges", "expression": _charges("initContainers")},

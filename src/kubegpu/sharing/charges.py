@@ -29,13 +29,14 @@ from typing import Any
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import CATALOG, GpuModel, find_model, get_model
 from kubegpu.gpu.instances import GPU_INSTANCE_TYPES, GPU_MEMORY_LABEL, gfd_model_labels, instance_type_labels
-from kubegpu.kube.selectors import NodeSelectorTerm, node_selector_terms
+from kubegpu.kube.selectors import IN, NodeSelectorTerm, node_selector_terms
 from kubegpu.scheduling.pods import pod_key
 from kubegpu.scheduling.requests import container_requests
 from kubegpu.sharing.devices import advertised_name, config_dict, qualify_resource_name, sharing_spec
 from kubegpu.sharing.names import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
+    GPU_RESOURCE_PREFIX,
     GPU_SHARED_RESOURCE,
     is_gpu_resource,
     mig_resource_name,
@@ -46,6 +47,7 @@ GIB = 1 << 30
 DEFAULT_REPLICAS: Mapping[str, int] = {GPU_SHARED_RESOURCE: 4}
 """The shipped table's replicas: `nvidia.com/gpu.shared` as a 4-replica time-sliced GPU (a ClusterPolicy's
 device-plugin config replaces it; `kubegpu quota explain --config` likewise)."""
+REPLICAS_LABEL_SUFFIX = ".replicas"  # GFD's `nvidia.com/<resource>.replicas`
 SHARED_PRODUCT_SUFFIX = "-SHARED"  # GFD appends it to `gpu.product` on a node whose GPUs are replicated in place
 
 
@@ -115,6 +117,24 @@ def node_shape(labels: Mapping[str, str], keys: frozenset[str] | None = None) ->
     return GpuShape({k: v for k, v in sorted(labels.items()) if k in keys}, whole)
 
 
+def replicas_of_node(labels: Mapping[str, str]) -> dict[str, int]:
+    """The replicas a node's device-plugin config gives each resource, as GFD labels them: `nvidia.com/<r>.replicas`
+    above 1 replicates `nvidia.com/<r>` in place when its product carries GFD's `-SHARED` suffix, else the renamed
+    `nvidia.com/<r>.shared` (renameByDefault; a custom `rename:` is not in the labels: list it in the ClusterPolicy);
+    1 is a whole `nvidia.com/<r>`."""
+    found: dict[str, int] = {}
+    for key, value in labels.items():
+        if not (key.startswith(GPU_RESOURCE_PREFIX) and key.endswith(REPLICAS_LABEL_SUFFIX)) or not value.isdigit():
+            continue
+        base = key[: -len(REPLICAS_LABEL_SUFFIX)]
+        if int(value) == 1:
+            found[base] = 1  # whole here: a name replicated in place elsewhere must not charge a replica here
+        elif int(value) > 1:
+            in_place = labels.get(base + ".product", "").endswith(SHARED_PRODUCT_SUFFIX)
+            found[base if in_place else base + ".shared"] = int(value)
+    return found
+
+
 def nodepool_shapes(pool: Mapping[str, Any]) -> tuple[GpuShape, ...]:
     """The GPUs a NodePool (kubegpu's `kubegpu.io/v1` or Karpenter's `karpenter.sh/v1`) may launch: each GPU instance
     type its requirements allow (requirements on labels an instance type does not name, a zone or a capacity type,
@@ -180,7 +200,14 @@ class ChargeTable:
                 found.setdefault(tuple(sorted(shape.labels.items())), shape)
         known = (*listed, *launchable)
         shapes = (*known, *(found[k] for k in sorted(found) if found[k] not in known))
-        return cls(shapes or catalogue_shapes(), dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas))
+        # the nodes' own replicas win over the listed ones; where nodes differ, the fewest (the larger charge)
+        reported: dict[str, int] = {}
+        for labels in nodes:
+            for name, count in replicas_of_node(labels).items():
+                reported[name] = min(count, reported.get(name, count))
+        listed_replicas = dict(DEFAULT_REPLICAS) if replicas is None else dict(replicas)
+        merged = {**listed_replicas, **reported}
+        return cls(shapes or catalogue_shapes(), {name: count for name, count in merged.items() if count > 1})
 
     @cached_property
     def largest_bytes(self) -> int:
@@ -192,8 +219,17 @@ class ChargeTable:
         """The labels the shapes know; a requirement on any other label says nothing about the GPU model."""
         return frozenset(key for shape in self.shapes for key in shape.labels)
 
-    def landing_shapes(self, pod: Mapping[str, Any]) -> list[GpuShape]:
-        """The shapes the pod's node selector and required node affinity (on pinning labels) leave possible."""
+    @cached_property
+    def known_values(self) -> dict[str, frozenset[str]]:
+        """Each pinning label's values over the shapes."""
+        values: dict[str, set[str]] = {}
+        for shape in self.shapes:
+            for key, value in shape.labels.items():
+                values.setdefault(key, set()).add(value)
+        return {key: frozenset(found) for key, found in values.items()}
+
+    def _pins(self, pod: Mapping[str, Any]) -> tuple[dict[str, str], tuple[NodeSelectorTerm, ...] | None]:
+        """The pod's node selector on pinning labels, and its required node affinity's terms (None: it has none)."""
         spec = pod.get("spec") or {}
         selector = spec.get("nodeSelector") or {}
         if not isinstance(selector, Mapping):
@@ -205,9 +241,24 @@ class ChargeTable:
             (required or {}).get("nodeSelectorTerms") or [],
             f"{pod_key(pod)}: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
             ".nodeSelectorTerms")
+        return pins, terms
+
+    def landing_shapes(self, pod: Mapping[str, Any]) -> list[GpuShape]:
+        """The shapes the pod's node selector and required node affinity (on pinning labels) leave possible."""
+        pins, terms = self._pins(pod)
         return [shape for shape in self.shapes
                 if all(shape.labels.get(k) == v for k, v in pins.items())
                 and (terms is None or any(self._term_allows(term, shape) for term in terms))]
+
+    def names_unknown_gpu(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod allows a value of a pinning label no shape carries (`instance-type In [a3-ultragpu-8g,
+        g6.xlarge]`): a node the table does not know yet may be that, and hold any GPU."""
+        pins, terms = self._pins(pod)
+        known = self.known_values
+        if any(value not in known[key] for key, value in pins.items()):
+            return True
+        return any(r.operator == IN and r.key in known and not r.values <= known[r.key]
+                   for term in terms or () for r in term.expressions)
 
     def _term_allows(self, term: NodeSelectorTerm, shape: GpuShape) -> bool:
         """A nodeSelectorTerm on a shape: requirements on labels the shapes do not know (and `matchFields`) may hold
@@ -219,9 +270,10 @@ class ChargeTable:
 
     def whole_gpu_bytes(self, pod: Mapping[str, Any] | None = None) -> int:
         """A whole GPU's charge for `pod`: the largest shape it may land on; the largest of all when it pins none,
-        or pins only shapes the table does not hold (it then cannot be placed on a node the table knows)."""
-        landing = self.landing_shapes(pod) if pod is not None else []
-        return max((shape.whole_gpu_bytes for shape in landing), default=self.largest_bytes)
+        names a GPU the table does not know, or pins only what no shape is (no node the table knows can take it)."""
+        if pod is None or self.names_unknown_gpu(pod):
+            return self.largest_bytes
+        return max((shape.whole_gpu_bytes for shape in self.landing_shapes(pod)), default=self.largest_bytes)
 
     def bytes_each(self, resource: str, whole_gpu_bytes: int) -> int:
         """What one unit of `resource` is charged; 0 for a resource that is not a GPU."""
@@ -358,6 +410,7 @@ TABLE_DEFAULT_KEY = "default"
 TABLE_KEYS_KEY = "keys"
 TABLE_SHAPES_KEY = "shapes"
 TABLE_SHAPE_PREFIX = "shape."
+TABLE_VALUES_PREFIX = "values."
 TABLE_BYTES_SUFFIX = "bytes"
 TABLE_REPLICAS_PREFIX = "replicas."
 
@@ -371,7 +424,8 @@ def table_data(table: ChargeTable | None = None) -> dict[str, str]:
     """The admission policy's parameter (a ConfigMap's `data`), so the CEL decides exactly as `pod_charge`:
 
     * `default`: the largest whole-GPU charge (a pod that pins nothing the table knows);
-    * `keys`: the pinning labels, comma-separated (label names and values hold no comma);
+    * `keys`: the pinning labels, comma-separated (label names and values hold no comma); `values.<label>` the
+      values the shapes give each (a pod allowing another may land on a GPU the table does not know);
     * `shapes`: the shape ids, comma-separated; `shape.<id>.bytes` its whole-GPU charge and `shape.<id>.<label>` each
       of its labels (`/` written `_`): a requirement is looked up, not searched for;
     * `replicas.<name>`: each replicated name's replicas.
@@ -381,6 +435,8 @@ def table_data(table: ChargeTable | None = None) -> dict[str, str]:
     table = table or shipped_table()
     data = {TABLE_DEFAULT_KEY: str(table.largest_bytes), TABLE_KEYS_KEY: ",".join(sorted(table.pinning_keys)),
             TABLE_SHAPES_KEY: ",".join(str(i) for i in range(len(table.shapes)))}
+    for key, values in sorted(table.known_values.items()):
+        data[table_key(TABLE_VALUES_PREFIX, key)] = ",".join(sorted(values))
     for index, shape in enumerate(table.shapes):
         prefix = f"{TABLE_SHAPE_PREFIX}{index}."
         data[prefix + TABLE_BYTES_SUFFIX] = str(shape.whole_gpu_bytes)
