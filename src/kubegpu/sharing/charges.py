@@ -8,13 +8,18 @@ table it renders):
 
 * a MIG profile or an MPS slice charges the memory in its name, read as GiB (`mig-1g.10gb` = 10Gi, `gpu-20gb` =
   20Gi), on every GPU model — names are cluster-wide, as the quota is;
-* a whole GPU (`nvidia.com/gpu`, or a name a config's `resources.gpus[]` gives it) charges the memory of the GPU
-  model the pod selects with GFD's `nvidia.com/gpu.product` (node selector, or the largest of the products its
-  required node affinity allows), else the table's cluster default model; a model's memory is what its full-GPU MIG
-  profile's name says (`7g.80gb`: 80Gi, for an A100-80GB and an H100-80GB alike), else its whole GiB;
+* a whole GPU (`nvidia.com/gpu`, or a name a config's `resources.gpus[]` gives it) charges the memory of the
+  largest GPU the pod could land on: the table's shapes (kinds of node: catalog models, GPU instance types, the
+  cluster's nodes and what its NodePools may launch, each with the labels that name its GPU) matched against the
+  pod's node selector and required node affinity with `kubegpu.kube.selectors`; a pod that pins nothing, or allows
+  a GPU the table does not know, pays the largest; a model's memory is what its full-GPU MIG profile's name says
+  (`7g.80gb`: 80Gi, for an A100-80GB and an H100-80GB alike), else its whole GiB;
 * a time-slicing or MPS replica (`nvidia.com/gpu.shared`, or any name the device-plugin config replicates) charges
   what the replicated device is charged, divided by the configured replicas (rounded down to a byte, so the
   replicas of one device never add up to more than the device).
+
+A node advertises room for the most its GPU resources can be charged (`node_gpu_memory`), so a charged pod fits
+wherever its GPU resources do.
 
 Pure: no I/O.
 """
