@@ -25,6 +25,7 @@ from tests.quota.apply import apply_all, remove_all, shipped
 MEMORY = "kubegpu.io/gpu-memory"
 SLOW = 60.0  # the scheduler, kwok and the policy informers on a loaded 2-core machine: generous, never slept through
 GPUS = "2xA100-SXM4-80GB"
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}  # an unpinned GPU is charged the catalog's largest
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,8 @@ def _quota(client: lightkube.Client, namespace: str, low: str, high: str | None 
 
 def _pod(real: RealCluster, namespace: str, name: str) -> dict[str, Any]:
     body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [{"name": "main", "image": "busybox",
-                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+            "spec": {"nodeSelector": A100, "containers": [{"name": "main", "image": "busybox",
+                                                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
     return real.admin.create(body)
 
 

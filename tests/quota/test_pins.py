@@ -220,3 +220,16 @@ def test_quota_explain_reads_nodepools(tmp_path: Path) -> None:
                                       str(tmp_path / "bad.yaml")])
     assert result.exit_code == 1
     assert "NodePool bad: spec.template.spec.requirements" in result.output
+
+
+def test_what_a_nodes_gpus_hold_comes_from_gfds_labels() -> None:
+    from kubegpu.sharing.charges import node_gpus_bytes
+
+    assert node_gpus_bytes({"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8"}) == 8 * H200
+    assert node_gpus_bytes({"nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.count": "2"}) == 44 * GIB
+    # MIG under the single strategy: the devices and their memory; a GPU the catalog does not know: its memory label
+    assert node_gpus_bytes({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",
+                            "nvidia.com/gpu.count": "14", "nvidia.com/gpu.memory": "9984"}) == 14 * 9 * GIB
+    assert node_gpus_bytes({"nvidia.com/gpu.product": "ACME-X1", "nvidia.com/gpu.count": "1",
+                            "nvidia.com/gpu.memory": "98304"}) == 96 * GIB
+    assert node_gpus_bytes({"kubernetes.io/os": "linux"}) == 0

@@ -33,7 +33,13 @@ from typing import Any
 
 from kubegpu.errors import ConfigError
 from kubegpu.gpu.catalog import CATALOG, GpuModel, find_model, get_model
-from kubegpu.gpu.instances import GPU_INSTANCE_TYPES, GPU_MEMORY_LABEL, gfd_model_labels, instance_type_labels
+from kubegpu.gpu.instances import (
+    GPU_COUNT_LABEL,
+    GPU_INSTANCE_TYPES,
+    GPU_MEMORY_LABEL,
+    gfd_model_labels,
+    instance_type_labels,
+)
 from kubegpu.kube.selectors import IN, NodeSelectorTerm, node_selector_terms
 from kubegpu.scheduling.pods import pod_key
 from kubegpu.scheduling.requests import container_requests
@@ -102,22 +108,33 @@ def catalogue_shapes(models: Sequence[str] | None = None) -> tuple[GpuShape, ...
     return tuple(shapes)
 
 
+def _whole_of_labels(labels: Mapping[str, str]) -> int | None:
+    """One GPU of a node by its GFD labels: its product's model charge, else its `nvidia.com/gpu.memory` in whole GiB
+    (a GPU the catalog does not know, or a MIG device under the `single` strategy); None without either."""
+    model = model_of_product(labels.get(GPU_PRODUCT_LABEL) or "")
+    if model is not None:
+        return model_memory_bytes(model)
+    memory = labels.get(GPU_MEMORY_LABEL, "")
+    return int(memory) // 1024 * GIB if memory.isdigit() and int(memory) >= 1024 else None
+
+
+def node_gpus_bytes(labels: Mapping[str, str]) -> int:
+    """What a node's GPUs hold, by GFD's labels (`nvidia.com/gpu.count` of its model): the room the elastic quota
+    counts. Not the `kubegpu.io/gpu-memory` it advertises, which leaves room for the largest charge per GPU so the
+    scheduler's fit never refuses one: pods pinned to smaller GPUs would never seem to need a reclaim."""
+    count = labels.get(GPU_COUNT_LABEL, "")
+    whole = _whole_of_labels(labels)
+    return int(count) * whole if count.isdigit() and whole is not None else 0
+
+
 def node_shape(labels: Mapping[str, str], keys: frozenset[str] | None = None) -> GpuShape | None:
     """A GPU node as a shape (None for a node GFD has not labelled with a product): its labels that pin a model (those
     the catalog's shapes carry), charged its model's memory, else its `nvidia.com/gpu.memory` label's whole GiB (a
     GPU the catalog does not know). Nodes of the cluster join the table, so a pin through a label the catalog does
     not list (another cloud's instance type) still narrows the charge, and the cluster's largest GPU is known."""
-    product = labels.get(GPU_PRODUCT_LABEL)
-    if not product:
+    whole = _whole_of_labels(labels) if labels.get(GPU_PRODUCT_LABEL) else None
+    if whole is None:
         return None
-    model = model_of_product(product)
-    if model is not None:
-        whole = model_memory_bytes(model)
-    else:
-        memory = labels.get(GPU_MEMORY_LABEL, "")
-        if not memory.isdigit() or int(memory) < 1024:
-            return None
-        whole = int(memory) // 1024 * GIB
     keys = keys or shipped_table().pinning_keys
     return GpuShape({k: v for k, v in sorted(labels.items()) if k in keys}, whole)
 
