@@ -30,14 +30,21 @@ A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}  # an unpinned GPU is
 
 @pytest.fixture(scope="module")
 def elastic(real_cluster: RealCluster) -> Iterator[str]:
-    """The shipped policies and CRD, and a kwok node of two A100-80GB whose gpu-memory capacity discovery wrote."""
+    """The shipped policies and CRD, and a kwok node of two A100-80GB with the gpu-memory capacity discovery writes."""
     client = real_cluster.client()
     applied = apply_all(client, shipped())
     node = f"kwok-quota-{uuid.uuid4().hex[:5]}"
+    # the cluster is this node alone: the session's other GPU nodes are cordoned meanwhile (uncordoned after)
+    others = [n["metadata"]["name"] for n in real_cluster.admin.list("Node")
+              if MEMORY in ((n.get("status") or {}).get("allocatable") or {})
+              and not (n.get("spec") or {}).get("unschedulable")]
+    for other in others:
+        real_cluster.admin.patch("Node", other, {"spec": {"unschedulable": True}})
     real_cluster.add_gpu_node(node, GPUS)
     backend = SimulatedBackend(None, gpus=parse_gpu_spec(GPUS), node_name=node)
     try:
-        assert NodeCapacityWriter(real_cluster.admin, node).write(discover_gpu_memory(backend, {"version": "v1"}))
+        # a kwok GPU node carries what discovery writes already: its writer finds nothing to change
+        assert not NodeCapacityWriter(real_cluster.admin, node).write(discover_gpu_memory(backend, {"version": "v1"}))
         wait_for(lambda: (real_cluster.admin.get("Node", node)["status"].get("allocatable") or {}).get(MEMORY),
                  "the node's gpu-memory allocatable", 20)
         yield node
@@ -45,6 +52,8 @@ def elastic(real_cluster: RealCluster) -> Iterator[str]:
         backend.close()
         real_cluster.delete_node(node)
         remove_all(client, applied)
+        for other in others:
+            real_cluster.admin.patch("Node", other, {"spec": {"unschedulable": None}})
 
 
 def _quota(client: lightkube.Client, namespace: str, low: str, high: str | None = None) -> None:
