@@ -3,8 +3,9 @@ the operator and the chart ship.
 
 Kubernetes 1.36 made MutatingAdmissionPolicy GA (`admissionregistration.k8s.io/v1`, on by default; the pinned 1.37
 serves it), so the charge is added inside the API server: no webhook to run, certify or keep available. Every rule of
-`kubegpu.sharing.charges` can be written in CEL over the pod and the table ConfigMap (`charges.table_data`): the GPU
-model from the node selector or required affinity, sizes read from MIG / MPS names with the same pattern, replicas from
+`kubegpu.sharing.charges` can be written in CEL over the pod and the table ConfigMap (`charges.table_data`): the
+shapes of node the pod's node selector and required affinity leave possible (each requirement looked up in the
+table, with the operators of `kube.selectors`), sizes read from MIG / MPS names with the same pattern, replicas from
 the table. So there is no webhook at all.
 
 * `kubegpu-gpu-memory` (MutatingAdmissionPolicy, pods CREATE): each container that asks for GPU resources and has no
@@ -12,6 +13,9 @@ the table. So there is no webhook at all.
   (server-side-apply merge, so nothing else moves);
 * `kubegpu-gpu-memory` (ValidatingAdmissionPolicy): a container whose own value is below its charge is refused with a
   message naming the pod, the container and the right value (a larger value is kept: it is the user's to give);
+* `kubegpu-gpu-memory-table` (ValidatingAdmissionPolicy, no parameter): while the table is missing the two above are
+  skipped (their bindings Allow a missing parameter, or every pod would be refused), and this one refuses a GPU
+  container left uncharged, naming the table;
 * `kubegpu-quota-gate` (MutatingAdmissionPolicy, parameter: the namespace's `ElasticQuota`s): a GPU pod in a namespace
   with an ElasticQuota starts behind the scheduling gate `kubegpu.io/quota`, which the quota controller lifts. A
   namespace without one finds no parameter and is left alone (`parameterNotFoundAction: Allow`). Its failure policy
