@@ -99,7 +99,12 @@ def explain_command(
 ) -> None:
     """The kubegpu.io/gpu-memory a pod is charged, line by line."""
     table = _table(config, models, nodepools)
-    charge = pod_charge(_pod_of(load_yaml_file(file), str(file)), table)
+    pod = _pod_of(load_yaml_file(file), str(file))
+    charge = pod_charge(pod, table)
+    claims = [str(c.get("name")) for c in (pod.get("spec") or {}).get("resourceClaims") or () if isinstance(c, Mapping)]
+    if claims:  # stderr: the JSON on stdout stays what scripts parse
+        typer.echo(f"warning: pod {charge.pod} takes devices through ResourceClaims ({', '.join(claims)}), which the "
+                   "charge does not see; DRA is counted per DeviceClass (docs/quotas.md, With DRA)", err=True)
     emit(charge.as_json(), output, table=lambda: _print_table(charge))
 
 
