@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Pod, ResourceQuota
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.sharing.charges import pod_charge
 from kubegpu.testing.session import RealCluster, wait_for
-from tests.quota.apply import apply_all, remove_all, shipped
+from tests.quota.apply import apply_all, remove_all, shipped, until_admitted
 
 GIB = 1 << 30
 MEMORY = "kubegpu.io/gpu-memory"
@@ -54,7 +54,8 @@ def policy(real_cluster: RealCluster) -> Iterator[lightkube.Client]:
     client = real_cluster.client()
     applied = apply_all(client, shipped())
     probe = gpu_pod("default", {"nvidia.com/gpu": 1})
-    wait_for(lambda: stored_charge(create(client, probe, dry_run=True)), "the charge policy to be active", 60)
+    wait_for(lambda: stored_charge(until_admitted(lambda: create(client, probe, dry_run=True)) or {"spec": {
+        "containers": []}}), "the charge policy to be active", 60)
     try:
         yield client
     finally:
@@ -226,5 +227,6 @@ def test_a_missing_table_refuses_gpu_pods_naming_it(policy: lightkube.Client, na
         assert stored_charge(create(policy, gpu_pod(namespace, {"cpu": "1"}))) == {}  # other pods are not affected
     finally:
         apply_all(policy, [table])
-        wait_for(lambda: stored_charge(create(policy, gpu_pod(namespace, {"nvidia.com/gpu": 1}), dry_run=True)),
+        wait_for(lambda: stored_charge(until_admitted(lambda: create(
+            policy, gpu_pod(namespace, {"nvidia.com/gpu": 1}), dry_run=True)) or {"spec": {"containers": []}}),
                  "the charge policy to see the table again", 60)

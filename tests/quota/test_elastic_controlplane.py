@@ -20,7 +20,7 @@ from kubegpu.gpu.simulated import SimulatedBackend, parse_gpu_spec
 from kubegpu.kube.errors import NotFound
 from kubegpu.quota.controller import QuotaController, has_quota_gate
 from kubegpu.testing.session import RealCluster, wait_for
-from tests.quota.apply import apply_all, remove_all, shipped
+from tests.quota.apply import apply_all, remove_all, shipped, until_admitted
 
 MEMORY = "kubegpu.io/gpu-memory"
 SLOW = 60.0  # the scheduler, kwok and the policy informers on a loaded 2-core machine: generous, never slept through
@@ -86,7 +86,8 @@ def test_gate_within_min_borrow_up_to_max_and_reclaim(real_cluster: RealCluster,
         probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": team_b},
                  "spec": {"containers": [{"name": "c", "image": "busybox",
                                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
-        wait_for(lambda: has_quota_gate(client.create(codecs.from_dict(probe), dry_run=True).to_dict()),
+        wait_for(lambda: has_quota_gate(until_admitted(
+            lambda: client.create(codecs.from_dict(probe), dry_run=True).to_dict()) or {}),
                  "the quota gate policy to see the ElasticQuota", SLOW)
         controller = QuotaController(real_cluster.admin, identity="one", lease_namespace="kubegpu")
         standby = QuotaController(real_cluster.admin, identity="two", lease_namespace="kubegpu")
