@@ -23,9 +23,11 @@ from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.objects import has_taint
 from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.clock import Clock
+from kubegpu.discovery.agent import discover_gpu_memory
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.scheduling.quantity import format_quantity
 from kubegpu.sharing.capacity import backend_allocatable, sharing_of, simulated_gpu_backend
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.api import NodePool
@@ -228,6 +230,7 @@ class SimulatedProvider(InstanceListing):
         if registered and inst.backend is not None:
             sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
             gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
+            gpu[GPU_MEMORY_RESOURCE] = str(discover_gpu_memory(inst.backend, sharing.plugin_config_dict))  # discovery's
             # a merge patch: the maps' other entries (cpu, memory, pods) stay as they are on the server
             status["allocatable"] = gpu
             status["capacity"] = gpu
