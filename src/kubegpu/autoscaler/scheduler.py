@@ -27,6 +27,7 @@ import numpy as np
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool
+from kubegpu.autoscaler.claims import DraPlanner, DraWorld, check_claims, uses_claims
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.pending import (
     GPU_PREFIX,
@@ -82,6 +83,7 @@ class Scheduler:
         capacity_fn: CapacityFn = default_capacity,
         sizing: str = "group",
         node_cost: float = 0.0,
+        dra: DraWorld | None = None,
     ) -> None:
         if sizing not in SIZINGS:
             raise ValueError(f"sizing must be one of {SIZINGS}")
@@ -111,11 +113,18 @@ class Scheduler:
         self._committed_nodes: dict[str, int] = {}
         self._topology = TopologyCounts(frozenset())
         self._pool_zones: dict[str, set[str]] = {}
+        by_name = {it.name: it for t in self.templates for it in t.types}
+        self.dra = dra   # DRA objects: pods with ResourceClaims are planned with the allocator (claims.py)
+        self.planner = DraPlanner(dra, by_name.get) if dra is not None else None
 
     # -- public ---------------------------------------------------------------------------------------------
     def solve(self, pods: Iterable[dict[str, Any]]) -> SchedulingResult:
         result = SchedulingResult()
         queue = sorted((prepare_pod(p) for p in pods), key=queue_order)
+        if self.dra is not None:
+            for item in queue:
+                if uses_claims(item.pod):
+                    item.claims = self.dra.pod_claims(item.pod)
         self._start_topology(queue)
         start = 0
         while start < len(queue):
@@ -132,6 +141,9 @@ class Scheduler:
     def _place_group(self, group: list[PendingPod], result: SchedulingResult) -> None:
         rep = group[0]
         missing = [name for name in rep.requests if name not in self.index and rep.requests[name] > 0]
+        if rep.claims is not None:
+            self._place_claims(group, result, None if missing else self._vector(rep.requests))
+            return
         if rep.topo is not None:
             self._place_each(group, result, None if missing else self._vector(rep.requests))
             return
@@ -158,6 +170,56 @@ class Scheduler:
                     return
         else:
             self._unschedulable(remaining, result, f"no instance type offers {', '.join(sorted(missing))}")
+
+    # -- pods with DRA claims (claims.py) ------------------------------------------------------------------------
+    def _place_claims(self, group: list[PendingPod], result: SchedulingResult, vec: np.ndarray | None) -> None:
+        """One pod at a time, as kube-scheduler allocates: existing nodes, then open claims (fewest pods first), then
+        a new claim sized for the identical pods still waiting. Topology terms are not applied to such pods."""
+        assert self.planner is not None
+        for done, item in enumerate(group):
+            assert item.claims is not None
+            why = check_claims(self.planner, item.claims)
+            if why:
+                self._unschedulable([item], result, why)
+            elif self._claims_onto_existing(item, result):
+                continue
+            elif vec is None:
+                missing = sorted(n for n, v in item.requests.items() if n not in self.index and v > 0)
+                self._unschedulable([item], result, f"no instance type offers {', '.join(missing)}")
+            elif not any(self._claims_onto(self.claims[i], item, vec) for i in self._fewest_pods_first(vec)):
+                claim, why = self._open_claim(item, vec, len(group) - done)
+                if claim is None:
+                    self._unschedulable([item], result, why)
+                elif not self._claims_onto(claim, item, vec):
+                    self._unschedulable([item], result, f"nodepool {claim.template.pool.name}: no instance type "
+                                        "satisfies every requirement for this pod")
+
+    def _claims_onto_existing(self, item: PendingPod, result: SchedulingResult) -> bool:
+        assert self.planner is not None and item.claims is not None
+        for info in self.existing:
+            if item.anti_key and any(repels(item, p) for p in info.pods):
+                continue
+            if fits(item.pod, info, item.requests).ok and self.planner.onto_node(info, item.claims):
+                info.add_pod(item.pod, item.requests)
+                result.existing.setdefault(info.name, []).append(item.pod)
+                return True
+        return False
+
+    def _claims_onto(self, claim: OpenClaim, item: PendingPod, vec: np.ndarray) -> bool:
+        """Add the pod to an open claim, keeping the candidate types its DRA claims fit on next to the claim's."""
+        assert self.planner is not None and item.claims is not None
+        if (item.anti_key and item.anti_key in claim.anti_keys) or not self._admits(claim.template, item) \
+                or self._merged(claim.requirements, item) is None:
+            return False
+        allocations = self.planner.onto_claim(claim.index, claim.template.types, claim.cand, item.claims)
+        if not allocations:
+            return False
+        only = np.zeros(len(claim.template.types), dtype=bool)
+        only[list(allocations)] = True
+        if self._add_to_claim(claim, [item], vec, only=only):
+            return False
+        self.planner.commit_claim(claim.index, item.claims, allocations, claim.cand.tolist())
+        return True
 
     # -- topology (spread constraints, pod affinity; see topology.py) ------------------------------------------
     def _start_topology(self, queue: Sequence[PendingPod]) -> None:
@@ -384,7 +446,9 @@ class Scheduler:
         return cand
 
     def _add_to_claim(self, claim: OpenClaim, pods: list[PendingPod], vec: np.ndarray,
-                      pin: Requirements | None = None) -> list[PendingPod]:
+                      pin: Requirements | None = None, only: np.ndarray | None = None) -> list[PendingPod]:
+        """Add as many of the identical `pods` as fit; `only` (a mask over the pool's types) keeps the types the
+        pods' DRA claims fit on, and then adds one pod."""
         rep = pods[0]
         reqs = self._merged(claim.requirements, rep)
         if reqs is None:
@@ -392,11 +456,13 @@ class Scheduler:
         if pin is not None:
             reqs = reqs.merge(pin)
         cand = self._allowed(claim, reqs)
+        if only is not None:
+            cand = cand[only[cand]]
         if cand.size == 0:
             return pods
         counts = fit_counts(claim.template.alloc[cand], claim.used, vec)
         take = int(min(counts.max(initial=0), len(pods)))
-        if rep.anti_key or rep.topo is not None:
+        if rep.anti_key or rep.topo is not None or only is not None:
             take = min(take, 1)
         while take > 0 and not min_values_ok(claim.template, reqs, cand[counts >= take]):
             take -= 1
@@ -428,6 +494,8 @@ class Scheduler:
         self._committed[name] = total + claim.committed
 
     def _open_claim(self, item: PendingPod, vec: np.ndarray, waiting: int) -> tuple[OpenClaim | None, str]:
+        """A new NodeClaim of the first pool that can take `item`, its price capped for `waiting` pods like it (for a
+        pod with DRA claims, counted by allocating copies of them on each type's predicted devices)."""
         reasons: list[str] = []
         for tmpl in self.templates:
             why = why_not(tmpl, item)
@@ -444,6 +512,8 @@ class Scheduler:
             ok, prices = tmpl.type_mask(reqs)
             base = tmpl.daemon
             counts = fit_counts(tmpl.alloc, base, vec)
+            if item.claims is not None and self.planner is not None:
+                counts = np.minimum(counts, self.planner.counts(tmpl.types, item.claims, waiting))
             usable = ok & (counts >= 1)
             if tmpl.limits is not None:
                 remaining = tmpl.limits[0] - self._committed.get(tmpl.pool.name, 0.0)
