@@ -164,3 +164,38 @@ def test_an_existing_node_with_free_partitions_takes_the_pod_and_a_full_one_does
     full = world(template("big", request("mig", "mig.nvidia.com", selector=mig("7g.80gb"))), taken, slices=slices)
     result = solve([claim_pod("p", gpu="template:big")], full, existing=[node_info(node)])
     assert not result.existing and plan(result) == [("a100.x1", 1)]
+
+
+def test_kwok_nodes_publish_the_driver_slices_and_take_later_claim_pods_while_in_flight() -> None:
+    from tests.autoscaler.builders import Harness, nodepool
+
+    h = Harness(TYPES, registration_delay=20.0)
+    h.add(nodepool("gpu", disruption={"consolidateAfter": "Never"}))
+    for obj in shipped_class_objects():
+        h.add(obj)
+    h.add(template("small", request("mig", "mig.nvidia.com", selector=mig("1g.10gb"))))
+    for i in range(4):
+        h.add(claim_pod(f"early-{i}", gpu="template:small"))
+    h.run(4, bind=False)
+    [nodeclaim] = h.claims()
+    assert nodeclaim["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "a100.x1"
+    assert not h.cluster.list("ResourceSlice")   # the node is not registered yet: no driver, no slices
+    for i in range(3):   # three more fit the in-flight node's free partitions: no second node
+        h.add(claim_pod(f"late-{i}", gpu="template:small"))
+    h.run(5, bind=False)
+    assert len(h.claims()) == 1
+    h.add(claim_pod("eighth", gpu="template:small"))   # an A100 has seven 1g.10gb placements
+    h.run(5, bind=False)
+    assert len(h.claims()) == 2
+
+    h.run(25, bind=False)   # registered: the slices kubegpu's driver would publish, owned by the node
+    [node, *_] = [n for n in h.nodes() if n["metadata"]["name"] == nodeclaim["status"]["nodeName"]]
+    slices = [s for s in h.cluster.list("ResourceSlice") if s["spec"]["nodeName"] == node["metadata"]["name"]]
+    expected = predicted_slices(node["metadata"]["name"], A100, 1)
+    assert [s["spec"] for s in slices] == [s["spec"] for s in expected]
+    assert all(s["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"] for s in slices)
+    assert any(d["name"].startswith("gpu-0-mig-1g10gb") for s in slices for d in s["spec"].get("devices", ()))
+
+    h.writer.delete("NodeClaim", nodeclaim["metadata"]["name"])
+    h.run(10, bind=False)
+    assert not [s for s in h.cluster.list("ResourceSlice") if s["spec"]["nodeName"] == node["metadata"]["name"]]

@@ -12,11 +12,10 @@ garbage collector removes any left behind.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from kubegpu.dra.devices import DRIVER, NodeGpus, gpu_offers, read_node
+from kubegpu.dra.devices import NodeGpus, gpu_offers, read_node
 from kubegpu.dra.slices import build_slices
 from kubegpu.kube.errors import Conflict, NotFound
 from kubegpu.kube.resources import ResourceKind, register_kind
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 
 RESOURCE_SLICE = register_kind(ResourceKind("ResourceSlice", "resource.k8s.io", "v1", "resourceslices",
                                             namespaced=False, status_subresource=False, strategic_merge=False))
-DRIVER_NAME = DRIVER
 
 
 @lru_cache(maxsize=64)
@@ -72,13 +70,8 @@ def publish_node_slices(cluster: Cluster, node: dict[str, Any], backend: GpuBack
     return names
 
 
-def remove_node_slices(cluster: Cluster, node_name: str, names: Sequence[str] = ()) -> None:
-    """Delete the node's slices (by the names published, else every slice of our driver naming the node)."""
-    if not names:
+def remove_node_slices(cluster: Cluster, node_name: str, backend: GpuBackend) -> None:
+    """Delete the slices `publish_node_slices` wrote for the node (their names follow from its GPUs)."""
+    for obj in slices_for(node_name, read_node(backend)):
         with contextlib.suppress(NotFound):
-            names = [str(s["metadata"]["name"]) for s in cluster.list("ResourceSlice")
-                     if (s.get("spec") or {}).get("nodeName") == node_name
-                     and (s.get("spec") or {}).get("driver") == DRIVER_NAME]
-    for name in names:
-        with contextlib.suppress(NotFound):
-            cluster.delete("ResourceSlice", name)
+            cluster.delete("ResourceSlice", obj["metadata"]["name"])
