@@ -69,6 +69,7 @@ class PodClaims:
     claims: tuple[Claim, ...] = ()
     pinned: str | None = None
     problem: str = ""
+    shared: frozenset[str] = frozenset()   # keys of the claims named by `resourceClaimName` (others' too, maybe)
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -136,6 +137,7 @@ class DraWorld:
                      for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
         claims: list[Claim] = []
         pinned: set[str] = set()
+        shared: set[str] = set()
         for index, ref in enumerate(spec.get("resourceClaims") or ()):
             where = f"pod {namespace}/{name}: spec.resourceClaims[{index}]"
             ref_name = str(ref.get("name"))
@@ -143,6 +145,7 @@ class DraWorld:
                 obj = self.claims.get(f"{namespace}/{ref['resourceClaimName']}")
                 if obj is None:
                     return PodClaims(problem=f"{where}: resourceClaim {ref['resourceClaimName']} not found")
+                shared.add(f"{namespace}/{ref['resourceClaimName']}")
             elif ref.get("resourceClaimTemplateName"):
                 made = generated.get(ref_name)
                 obj = self.claims.get(f"{namespace}/{made}") if made else None
@@ -172,7 +175,7 @@ class DraWorld:
         if len(pinned) > 1:
             return PodClaims(problem=f"pod {namespace}/{name}: its claims are allocated on different nodes "
                                      f"({', '.join(sorted(pinned))})")
-        return PodClaims(tuple(claims), next(iter(pinned), None))
+        return PodClaims(tuple(claims), next(iter(pinned), None), shared=frozenset(shared))
 
 
 def _allocate(allocator: Allocator, node: str, claims: Sequence[Claim],
@@ -208,7 +211,8 @@ class DraPlanner:
     _types: dict[tuple[str, int], Allocator | None] = field(default_factory=dict)
     _claim_use: dict[tuple[int, int], frozenset[DeviceId]] = field(default_factory=dict)  # (claim, type) → in use
     _full: set[tuple[str, object]] = field(default_factory=set)   # (node, shape) that found no room: never will
-    _counts: dict[tuple[int, object, int], np.ndarray] = field(default_factory=dict)
+    _counts: dict[tuple[int, object], np.ndarray] = field(default_factory=dict)
+    _claim_full: set[tuple[int, int, object]] = field(default_factory=set)   # (claim, type, shape) with no room
 
     # -- a pod's claims, given what this pass allocated ---------------------------------------------------------
     def pending(self, pc: PodClaims) -> tuple[tuple[Claim, ...], str | None, str]:
@@ -287,14 +291,19 @@ class DraPlanner:
         if problem or (target is not None and target != f"new/{index}"):
             return {}
         out: dict[int, frozenset[DeviceId]] = {}
+        shape = _shape(claims)
         for t in cand.tolist():
             used = self._claim_use.get((index, t), frozenset())
             if not claims:
                 out[t] = used
                 continue
+            if (index, t, shape) in self._claim_full:
+                continue
             allocator = self.type_allocator(types[t])
             answer = _allocate(allocator, PREDICTED_NODE, claims, used) if allocator is not None else None
-            if answer is not None:
+            if answer is None:
+                self._claim_full.add((index, t, shape))
+            else:
                 out[t] = used | {r.id for results in answer.values() for r in results}
         return out
 
@@ -308,27 +317,38 @@ class DraPlanner:
 
     def counts(self, types: Sequence[InstanceType], pc: PodClaims, limit: int) -> np.ndarray:
         """How many pods like this one (same claims, each its own copy of the unshared ones) fit on an empty node of
-        each type, up to `limit`; 0 where none does. Claims shared with pods placed earlier count once."""
+        each type, up to `limit`; 0 where none does. Claims shared with pods placed earlier count once. Counted to
+        exhaustion once per claim shape (the devices bound it) and cut to `limit` per call."""
         claims, target, problem = self.pending(pc)
-        out = np.zeros(len(types), dtype=np.int64)
         if problem or target is not None:
-            return out
-        limit = max(1, min(limit, MAX_COUNT))
-        shared = {c.key for c in claims if c.key in self.world.claims}
-        memo = (id(types), (_shape(claims), tuple(sorted(shared))), limit)
-        if memo in self._counts:
-            return self._counts[memo]
-        self._counts[memo] = out
+            return np.zeros(len(types), dtype=np.int64)
+        shared = {c.key for c in claims if c.key in pc.shared}
+        memo = (id(types), (_shape(claims), tuple(sorted(shared))))
+        out = self._counts.get(memo)
+        if out is None:
+            out = self._counts[memo] = self._exhaust(types, claims, shared)
+        return np.minimum(out, max(1, limit))
+
+    def shares(self, pc: PodClaims) -> bool:
+        """Whether the pod has a claim still to allocate that other pods share (they must all fit beside it)."""
+        claims, _, _ = self.pending(pc)
+        return any(c.key in pc.shared for c in claims)
+
+    def _exhaust(self, types: Sequence[InstanceType], claims: Sequence[Claim], shared: set[str]) -> np.ndarray:
+        out = np.zeros(len(types), dtype=np.int64)
         for t, it in enumerate(types):
             allocator = self.type_allocator(it)
             if allocator is None:
-                out[t] = limit if not claims else 0
+                out[t] = MAX_COUNT if not claims else 0
                 continue
             used: set[DeviceId] = set()
-            for copy in range(limit):
+            for copy in range(MAX_COUNT):
                 batch = [c if c.key in shared else dataclasses.replace(c, name=f"{c.name}#{copy}") for c in claims
                          if copy == 0 or c.key not in shared]
-                answer = _allocate(allocator, PREDICTED_NODE, batch, used) if batch else {}
+                if not batch:   # only shared claims, allocated with the first copy: the devices bound no more
+                    out[t] = MAX_COUNT
+                    break
+                answer = _allocate(allocator, PREDICTED_NODE, batch, used)
                 if answer is None:
                     break
                 used.update(r.id for results in answer.values() for r in results)

@@ -174,39 +174,44 @@ class Scheduler:
     # -- pods with DRA claims (claims.py) ------------------------------------------------------------------------
     def _place_claims(self, group: list[PendingPod], result: SchedulingResult, vec: np.ndarray | None) -> None:
         """One pod at a time, as kube-scheduler allocates: existing nodes, then open claims (fewest pods first), then
-        a new claim sized for the identical pods still waiting. Topology terms are not applied to such pods."""
+        a new claim sized for the identical pods still waiting. The first pod of a claim others share goes only where
+        all of them fit (they must follow it). Topology terms are not applied to such pods."""
         assert self.planner is not None
         for done, item in enumerate(group):
             assert item.claims is not None
+            need = len(group) - done if self.planner.shares(item.claims) else 1
             why = check_claims(self.planner, item.claims)
             if why:
                 self._unschedulable([item], result, why)
-            elif self._claims_onto_existing(item, result):
+            elif self._claims_onto_existing(item, result, need):
                 continue
             elif vec is None:
                 missing = sorted(n for n, v in item.requests.items() if n not in self.index and v > 0)
                 self._unschedulable([item], result, f"no instance type offers {', '.join(missing)}")
-            elif not any(self._claims_onto(self.claims[i], item, vec) for i in self._fewest_pods_first(vec)):
+            elif not any(self._claims_onto(self.claims[i], item, vec, need) for i in self._fewest_pods_first(vec)):
                 claim, why = self._open_claim(item, vec, len(group) - done)
                 if claim is None:
                     self._unschedulable([item], result, why)
-                elif not self._claims_onto(claim, item, vec):
+                elif not self._claims_onto(claim, item, vec, need) and not self._claims_onto(claim, item, vec):
                     self._unschedulable([item], result, f"nodepool {claim.template.pool.name}: no instance type "
                                         "satisfies every requirement for this pod")
 
-    def _claims_onto_existing(self, item: PendingPod, result: SchedulingResult) -> bool:
+    def _claims_onto_existing(self, item: PendingPod, result: SchedulingResult, need: int) -> bool:
         assert self.planner is not None and item.claims is not None
         for info in self.existing:
             if item.anti_key and any(repels(item, p) for p in info.pods):
                 continue
-            if fits(item.pod, info, item.requests).ok and self.planner.onto_node(info, item.claims):
+            room = all(info.allocatable.get(k, 0.0) - info.requested.get(k, 0.0) >= v * need - EPS
+                       for k, v in item.requests.items() if v > 0)
+            if room and fits(item.pod, info, item.requests).ok and self.planner.onto_node(info, item.claims):
                 info.add_pod(item.pod, item.requests)
                 result.existing.setdefault(info.name, []).append(item.pod)
                 return True
         return False
 
-    def _claims_onto(self, claim: OpenClaim, item: PendingPod, vec: np.ndarray) -> bool:
-        """Add the pod to an open claim, keeping the candidate types its DRA claims fit on next to the claim's."""
+    def _claims_onto(self, claim: OpenClaim, item: PendingPod, vec: np.ndarray, need: int = 1) -> bool:
+        """Add the pod to an open claim, keeping the candidate types its DRA claims fit on (with room for `need`
+        pods like it) next to the claim's."""
         assert self.planner is not None and item.claims is not None
         if (item.anti_key and item.anti_key in claim.anti_keys) or not self._admits(claim.template, item) \
                 or self._merged(claim.requirements, item) is None:
@@ -216,6 +221,8 @@ class Scheduler:
             return False
         only = np.zeros(len(claim.template.types), dtype=bool)
         only[list(allocations)] = True
+        if need > 1:
+            only &= fit_counts(claim.template.alloc, claim.used, vec) >= need
         if self._add_to_claim(claim, [item], vec, only=only):
             return False
         self.planner.commit_claim(claim.index, item.claims, allocations, claim.cand.tolist())
@@ -514,6 +521,8 @@ class Scheduler:
             counts = fit_counts(tmpl.alloc, base, vec)
             if item.claims is not None and self.planner is not None:
                 counts = np.minimum(counts, self.planner.counts(tmpl.types, item.claims, waiting))
+                if self.planner.shares(item.claims) and (ok & (counts >= waiting)).any():
+                    counts = np.where(counts >= waiting, counts, 0)   # a shared claim's pods all go beside it
             usable = ok & (counts >= 1)
             if tmpl.limits is not None:
                 remaining = tmpl.limits[0] - self._committed.get(tmpl.pool.name, 0.0)
