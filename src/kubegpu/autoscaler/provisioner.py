@@ -410,10 +410,15 @@ class Provisioner:
         nominated = self.state.nominations_view() if count_nominated else None
         infos = existing_infos(snapshot, exclude_nodes, nominated, self._infos)
         kept: dict[str, list[dict[str, Any]]] = {}
+        dra = DraWorld.read(self.cluster) if any(uses_claims(p) for p in pending) else None
         if keep_nominations:
             aliases = target_aliases(snapshot.nodeclaims, snapshot.nodes)
-            kept, pending = keep_nominated(infos, pending, self.state.nominations_view(), aliases)
-        dra = DraWorld.read(self.cluster) if any(uses_claims(p) for p in pending) else None
+            # pods with claims are planned afresh each pass: whether a nomination still holds is an allocation
+            # (the pass allocates them onto existing and in-flight nodes first), not the CPU and memory left there
+            claim_pods = [p for p in pending if uses_claims(p)] if dra is not None else []
+            kept, pending = keep_nominated(infos, [p for p in pending if not (dra and uses_claims(p))],
+                                           self.state.nominations_view(), aliases)
+            pending = [*pending, *claim_pods]
         result = run_pass(pools, self.provider.instance_types, pending, infos,
                           snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
                           not_ready=getattr(self.provider, "pool_not_ready", None), node_cost=self.node_cost,
