@@ -199,3 +199,16 @@ def test_kwok_nodes_publish_the_driver_slices_and_take_later_claim_pods_while_in
     h.writer.delete("NodeClaim", nodeclaim["metadata"]["name"])
     h.run(10, bind=False)
     assert not [s for s in h.cluster.list("ResourceSlice") if s["spec"]["nodeName"] == node["metadata"]["name"]]
+
+
+def test_an_extended_resource_no_type_offers_is_planned_through_the_class_that_serves_it() -> None:
+    """DRAExtendedResource: `nvidia.com/mig-1g.10gb` asked for as a resource, served by a DeviceClass's
+    `extendedResourceName` from MIG devices; no instance type lists it, yet the pass buys a node for it."""
+    served = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig-1g"},
+              "spec": {"selectors": [{"cel": {"expression": mig("1g.10gb")}}],
+                       "extendedResourceName": "nvidia.com/mig-1g.10gb"}}
+    pods = [pod(f"p{i}", limits={"nvidia.com/mig-1g.10gb": 1}) for i in range(7)]
+    result = solve(pods, DraWorld([served]))
+    assert plan(result) == [("a100.x1", 7)]
+    result = solve(pods, DraWorld())   # no class serves it: nothing to buy
+    assert not result.claims and "nvidia.com/mig-1g.10gb" in result.unschedulable["default/p0"]

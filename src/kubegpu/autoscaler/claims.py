@@ -29,6 +29,7 @@ from kubegpu.autoscaler.dra_nodes import predicted_slices
 from kubegpu.errors import ConfigError
 from kubegpu.kube.errors import NotFound
 from kubegpu.kube.resources import ResourceKind, register_kind
+from kubegpu.scheduling import pod_requests
 from kubegpu.scheduling.dra import (
     Allocator,
     Claim,
@@ -101,6 +102,8 @@ class DraWorld:
             except ConfigError:
                 continue   # a claim naming it is then refused with the allocator's "class not found"
             self.classes[parsed.name] = parsed
+        # extended resources a class serves (DRAExtendedResource): `nvidia.com/gpu: 1` through `gpu.nvidia.com`
+        self.extended = {c.extended_resource_name: c.name for c in self.classes.values() if c.extended_resource_name}
         self.claims = {_key(c): c for c in claims}
         self.templates = {_key(t): t for t in templates}
         self.in_use: set[DeviceId] = set()
@@ -187,6 +190,18 @@ def _allocate(allocator: Allocator, node: str, claims: Sequence[Claim],
         return None
 
 
+def implicit_claims(world: DraWorld, pod: Mapping[str, Any], amounts: Mapping[str, float]) -> PodClaims:
+    """The claim kube-scheduler makes for extended resources that no node offers but a DeviceClass serves
+    (`extendedResourceName`): one request of that class per resource, for the amount asked."""
+    meta = pod.get("metadata") or {}
+    requests = [{"name": f"r{index}", "exactly": {"deviceClassName": world.extended[name],
+                                                 "count": max(1, int(amount))}}
+                for index, (name, amount) in enumerate(sorted(amounts.items()))]
+    obj = {"metadata": {"namespace": meta.get("namespace", "default"), "name": f"{meta.get('name')}-extended"},
+           "spec": {"devices": {"requests": requests}}}
+    return PodClaims((parse_claim(obj),))
+
+
 def _shape(claims: Sequence[Claim]) -> object:
     return tuple((c.requests, c.constraints) for c in claims)
 
@@ -206,6 +221,7 @@ class DraPlanner:
 
     world: DraWorld
     type_of: Callable[[str], InstanceType | None]      # instance type by name (existing nodes' label)
+    implicit: set[str] = field(default_factory=set)    # extended resources this pass serves through DRA classes
     placed: dict[str, str] = field(default_factory=dict)   # shared claim key → target it was allocated on
     _nodes: dict[str, _Node | None] = field(default_factory=dict)
     _types: dict[tuple[str, int], Allocator | None] = field(default_factory=dict)
@@ -245,12 +261,23 @@ class DraPlanner:
             slices = [parse_slice(s, i) for i, s in enumerate(raw)]
         state = _Node(Allocator(slices, self.world.classes), info.name, set(self.world.in_use)) if slices else None
         self._nodes[info.name] = state
-        if state is not None:   # pods counted on it whose claims are not allocated yet (nominated ones) take theirs
+        if state is not None:   # pods counted on it whose claims are not allocated yet take theirs
             for pod in info.pods:
-                claims, _, _ = self.pending(self.world.pod_claims(pod))
+                claims, _, _ = self.pending(self.claims_of(pod))
                 if claims:
                     self._allocate_on(state, claims)
         return state
+
+    def claims_of(self, pod: Mapping[str, Any]) -> PodClaims:
+        """What a pod counted on a node holds that the cluster's claims do not show: a pending (nominated) pod's
+        claims, or any pod's extended resources served through a class this pass (`implicit`)."""
+        if uses_claims(pod):
+            return PodClaims() if (pod.get("spec") or {}).get("nodeName") else self.world.pod_claims(pod)
+        if self.implicit:
+            amounts = {k: v for k, v in pod_requests(pod).items() if k in self.implicit and v > 0}
+            if amounts:
+                return implicit_claims(self.world, pod, amounts)
+        return PodClaims()
 
     def _allocate_on(self, state: _Node, claims: Sequence[Claim]) -> bool:
         shape = _shape(claims)

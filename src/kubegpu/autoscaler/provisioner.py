@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -198,7 +198,7 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
              daemonsets: Sequence[dict[str, Any]] = (), usage: Mapping[str, Mapping[str, float]] | None = None,
              capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue"),
              not_ready: Callable[[NodePool], str | None] | None = None, node_cost: float = 0.0,
-             dra: DraWorld | None = None) -> SchedulingResult:
+             dra: DraWorld | Callable[[], DraWorld] | None = None) -> SchedulingResult:
     """One scheduling pass (pure): used by the controller, `kubegpu provision`, consolidation and the benchmark.
 
     The pass runs once per NodeClaim sizing rule and keeps the result that leaves the fewest pods unschedulable,
@@ -206,8 +206,8 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
     queue on small mixed ones, and a pass is cheap enough to try both. `node_cost` ($/h per new node beyond its
     price) counts in both the sizing of new claims and that comparison; the plan's `cost` stays the price. A pool
     that `not_ready` gives a reason for (its provider's NodeClass is not ready) launches nothing, and pods left
-    unschedulable are told that reason. With `dra`, pods with ResourceClaims are planned by allocating them
-    (`claims.py`); without, their claims are not looked at.
+    unschedulable are told that reason. With `dra` (or how to read it, called once if a pod needs it), pods with
+    ResourceClaims are planned by allocating them (`claims.py`); without, their claims are not looked at.
     """
     model = capacity or CapacityModel()
     types: dict[str, Sequence[InstanceType]] = {}
@@ -218,6 +218,8 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
             unready[pool.name] = why
         types[pool.name] = [] if why is not None else types_for(pool)
         model.sharing(pool)
+    if dra is not None and not isinstance(dra, DraWorld):
+        dra = cache(dra)   # both sizings' passes share one read
     best: SchedulingResult | None = None
     for sizing in sizings:
         scheduler = Scheduler(pools, types, [_copy_info(i) for i in existing], daemonsets, usage,
@@ -410,19 +412,18 @@ class Provisioner:
         nominated = self.state.nominations_view() if count_nominated else None
         infos = existing_infos(snapshot, exclude_nodes, nominated, self._infos)
         kept: dict[str, list[dict[str, Any]]] = {}
-        dra = DraWorld.read(self.cluster) if any(uses_claims(p) for p in pending) else None
         if keep_nominations:
             aliases = target_aliases(snapshot.nodeclaims, snapshot.nodes)
             # pods with claims are planned afresh each pass: whether a nomination still holds is an allocation
             # (the pass allocates them onto existing and in-flight nodes first), not the CPU and memory left there
-            claim_pods = [p for p in pending if uses_claims(p)] if dra is not None else []
-            kept, pending = keep_nominated(infos, [p for p in pending if not (dra and uses_claims(p))],
+            claim_pods = [p for p in pending if uses_claims(p)]
+            kept, pending = keep_nominated(infos, [p for p in pending if not uses_claims(p)],
                                            self.state.nominations_view(), aliases)
             pending = [*pending, *claim_pods]
         result = run_pass(pools, self.provider.instance_types, pending, infos,
                           snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
                           not_ready=getattr(self.provider, "pool_not_ready", None), node_cost=self.node_cost,
-                          dra=dra)
+                          dra=partial(DraWorld.read, self.cluster))   # read only if a pod needs it
         for name, pods in kept.items():
             result.existing.setdefault(name, []).extend(pods)
         return result

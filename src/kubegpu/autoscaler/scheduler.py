@@ -20,14 +20,14 @@ judged by. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool
-from kubegpu.autoscaler.claims import DraPlanner, DraWorld, check_claims, uses_claims
+from kubegpu.autoscaler.claims import DraPlanner, DraWorld, check_claims, implicit_claims, uses_claims
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.pending import (
     GPU_PREFIX,
@@ -83,7 +83,7 @@ class Scheduler:
         capacity_fn: CapacityFn = default_capacity,
         sizing: str = "group",
         node_cost: float = 0.0,
-        dra: DraWorld | None = None,
+        dra: DraWorld | Callable[[], DraWorld] | None = None,
     ) -> None:
         if sizing not in SIZINGS:
             raise ValueError(f"sizing must be one of {SIZINGS}")
@@ -114,17 +114,18 @@ class Scheduler:
         self._topology = TopologyCounts(frozenset())
         self._pool_zones: dict[str, set[str]] = {}
         by_name = {it.name: it for t in self.templates for it in t.types}
-        self.dra = dra   # DRA objects: pods with ResourceClaims are planned with the allocator (claims.py)
-        self.planner = DraPlanner(dra, by_name.get) if dra is not None else None
+        # DRA objects (or how to read them, once a pod needs them): pods with ResourceClaims, and extended
+        # resources no instance type offers but a DeviceClass serves, are planned with the allocator (claims.py)
+        self._dra = dra
+        self._type_of = by_name.get
+        self.planner: DraPlanner | None = None
 
     # -- public ---------------------------------------------------------------------------------------------
     def solve(self, pods: Iterable[dict[str, Any]]) -> SchedulingResult:
         result = SchedulingResult()
         queue = sorted((prepare_pod(p) for p in pods), key=queue_order)
-        if self.dra is not None:
-            for item in queue:
-                if uses_claims(item.pod):
-                    item.claims = self.dra.pod_claims(item.pod)
+        for item in queue:
+            self._claims_for(item)
         self._start_topology(queue)
         start = 0
         while start < len(queue):
@@ -172,6 +173,31 @@ class Scheduler:
             self._unschedulable(remaining, result, f"no instance type offers {', '.join(sorted(missing))}")
 
     # -- pods with DRA claims (claims.py) ------------------------------------------------------------------------
+    def _world(self) -> DraPlanner | None:
+        if self.planner is None and self._dra is not None:
+            world = self._dra if isinstance(self._dra, DraWorld) else self._dra()
+            self.planner = DraPlanner(world, self._type_of)
+        return self.planner
+
+    def _claims_for(self, item: PendingPod) -> None:
+        """The pod's DRA claims: its own, or the one kube-scheduler makes for extended resources no instance type
+        offers but a DeviceClass serves (those leave the pod's requests)."""
+        if self._dra is None:
+            return
+        if uses_claims(item.pod):
+            planner = self._world()
+            assert planner is not None
+            item.claims = planner.world.pod_claims(item.pod)
+            return
+        missing = {k: v for k, v in item.requests.items() if k not in self.index and v > 0}
+        if not missing:
+            return
+        planner = self._world()
+        assert planner is not None
+        if all(name in planner.world.extended for name in missing):
+            planner.implicit.update(missing)
+            item.claims = implicit_claims(planner.world, item.pod, missing)
+            item.requests = {k: v for k, v in item.requests.items() if k not in missing}
     def _place_claims(self, group: list[PendingPod], result: SchedulingResult, vec: np.ndarray | None) -> None:
         """One pod at a time, as kube-scheduler allocates: existing nodes, then open claims (fewest pods first), then
         a new claim sized for the identical pods still waiting. The first pod of a claim others share goes only where
