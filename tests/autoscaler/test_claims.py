@@ -205,7 +205,8 @@ def test_an_extended_resource_no_type_offers_is_planned_through_the_class_that_s
     """DRAExtendedResource: `nvidia.com/mig-1g.10gb` asked for as a resource, served by a DeviceClass's
     `extendedResourceName` from MIG devices; no instance type lists it, yet the pass buys a node for it."""
     served = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig-1g"},
-              "spec": {"selectors": [{"cel": {"expression": mig("1g.10gb")}}],
+              "spec": {"selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'mig' && "
+                                                            + mig("1g.10gb")}}],
                        "extendedResourceName": "nvidia.com/mig-1g.10gb"}}
     pods = [pod(f"p{i}", limits={"nvidia.com/mig-1g.10gb": 1}) for i in range(7)]
     result = solve(pods, DraWorld([served]))
