@@ -27,7 +27,8 @@ import numpy as np
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool
-from kubegpu.autoscaler.claims import DraPlanner, DraWorld, check_claims, implicit_claims, uses_claims
+from kubegpu.autoscaler.claim_placement import ClaimPlacement
+from kubegpu.autoscaler.claims import DraPlanner, DraWorld
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.pending import (
     GPU_PREFIX,
@@ -70,7 +71,7 @@ NODE_COST = 0.0
 SUGGESTED_NODE_COST = 1.0
 
 
-class Scheduler:
+class Scheduler(ClaimPlacement):
     """One provisioning pass over a snapshot of the cluster (see the module docstring)."""
 
     def __init__(
@@ -116,8 +117,8 @@ class Scheduler:
         by_name = {it.name: it for t in self.templates for it in t.types}
         # DRA objects (or how to read them, once a pod needs them): pods with ResourceClaims, and extended
         # resources no instance type offers but a DeviceClass serves, are planned with the allocator (claims.py)
-        self._dra = dra
-        self._type_of = by_name.get
+        self._dra: DraWorld | Callable[[], DraWorld] | None = dra
+        self._type_of: Callable[[str], InstanceType | None] = by_name.get
         self.planner: DraPlanner | None = None
 
     # -- public ---------------------------------------------------------------------------------------------
@@ -171,88 +172,6 @@ class Scheduler:
                     return
         else:
             self._unschedulable(remaining, result, f"no instance type offers {', '.join(sorted(missing))}")
-
-    # -- pods with DRA claims (claims.py) ------------------------------------------------------------------------
-    def _world(self) -> DraPlanner | None:
-        if self.planner is None and self._dra is not None:
-            world = self._dra if isinstance(self._dra, DraWorld) else self._dra()
-            self.planner = DraPlanner(world, self._type_of)
-        return self.planner
-
-    def _claims_for(self, item: PendingPod) -> None:
-        """The pod's DRA claims: its own, or the one kube-scheduler makes for extended resources no instance type
-        offers but a DeviceClass serves (those leave the pod's requests)."""
-        if self._dra is None:
-            return
-        if uses_claims(item.pod):
-            planner = self._world()
-            assert planner is not None
-            item.claims = planner.world.pod_claims(item.pod)
-            return
-        missing = {k: v for k, v in item.requests.items() if k not in self.index and v > 0}
-        if not missing:
-            return
-        planner = self._world()
-        assert planner is not None
-        if all(name in planner.world.extended for name in missing):
-            planner.implicit.update(missing)
-            item.claims = implicit_claims(planner.world, item.pod, missing)
-            item.requests = {k: v for k, v in item.requests.items() if k not in missing}
-    def _place_claims(self, group: list[PendingPod], result: SchedulingResult, vec: np.ndarray | None) -> None:
-        """One pod at a time, as kube-scheduler allocates: existing nodes, then open claims (fewest pods first), then
-        a new claim sized for the identical pods still waiting. The first pod of a claim others share goes only where
-        all of them fit (they must follow it). Topology terms are not applied to such pods."""
-        assert self.planner is not None
-        for done, item in enumerate(group):
-            assert item.claims is not None
-            need = len(group) - done if self.planner.shares(item.claims) else 1
-            why = check_claims(self.planner, item.claims)
-            if why:
-                self._unschedulable([item], result, why)
-            elif self._claims_onto_existing(item, result, need):
-                continue
-            elif vec is None:
-                missing = sorted(n for n, v in item.requests.items() if n not in self.index and v > 0)
-                self._unschedulable([item], result, f"no instance type offers {', '.join(missing)}")
-            elif not any(self._claims_onto(self.claims[i], item, vec, need) for i in self._fewest_pods_first(vec)):
-                claim, why = self._open_claim(item, vec, len(group) - done)
-                if claim is None:
-                    self._unschedulable([item], result, why)
-                elif not self._claims_onto(claim, item, vec, need) and not self._claims_onto(claim, item, vec):
-                    self._unschedulable([item], result, f"nodepool {claim.template.pool.name}: no instance type "
-                                        "satisfies every requirement for this pod")
-
-    def _claims_onto_existing(self, item: PendingPod, result: SchedulingResult, need: int) -> bool:
-        assert self.planner is not None and item.claims is not None
-        for info in self.existing:
-            if item.anti_key and any(repels(item, p) for p in info.pods):
-                continue
-            room = all(info.allocatable.get(k, 0.0) - info.requested.get(k, 0.0) >= v * need - EPS
-                       for k, v in item.requests.items() if v > 0)
-            if room and fits(item.pod, info, item.requests).ok and self.planner.onto_node(info, item.claims):
-                info.add_pod(item.pod, item.requests)
-                result.existing.setdefault(info.name, []).append(item.pod)
-                return True
-        return False
-
-    def _claims_onto(self, claim: OpenClaim, item: PendingPod, vec: np.ndarray, need: int = 1) -> bool:
-        """Add the pod to an open claim, keeping the candidate types its DRA claims fit on (with room for `need`
-        pods like it) next to the claim's."""
-        assert self.planner is not None and item.claims is not None
-        if (item.anti_key and item.anti_key in claim.anti_keys) or not self._admits(claim.template, item) \
-                or self._merged(claim.requirements, item) is None:
-            return False
-        allocations = self.planner.onto_claim(claim.index, claim.template.types, claim.cand, item.claims)
-        if not allocations:
-            return False
-        only = np.zeros(len(claim.template.types), dtype=bool)
-        only[list(allocations)] = True
-        if need > 1:
-            only &= fit_counts(claim.template.alloc, claim.used, vec) >= need
-        if self._add_to_claim(claim, [item], vec, only=only):
-            return False
-        self.planner.commit_claim(claim.index, item.claims, allocations, claim.cand.tolist())
-        return True
 
     # -- topology (spread constraints, pod affinity; see topology.py) ------------------------------------------
     def _start_topology(self, queue: Sequence[PendingPod]) -> None:
@@ -545,6 +464,7 @@ class Scheduler:
             ok, prices = tmpl.type_mask(reqs)
             base = tmpl.daemon
             counts = fit_counts(tmpl.alloc, base, vec)
+            roomy = (ok & (counts >= 1)).any()
             if item.claims is not None and self.planner is not None:
                 counts = np.minimum(counts, self.planner.counts(tmpl.types, item.claims, waiting))
                 if self.planner.shares(item.claims) and (ok & (counts >= waiting)).any():
@@ -559,7 +479,9 @@ class Scheduler:
                     continue
                 usable &= within
             if not usable.any():
-                reasons.append(f"nodepool {tmpl.pool.name}: {no_type_reason(tmpl, ok)}")
+                why = "no instance type's GPUs can allocate the pod's resource claims" \
+                    if roomy and item.claims is not None else no_type_reason(tmpl, ok)
+                reasons.append(f"nodepool {tmpl.pool.name}: {why}")
                 continue
             if self.sizing == "largest" or any(r.min_values for r in reqs):
                 cap = math.inf
