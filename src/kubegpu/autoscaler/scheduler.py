@@ -446,8 +446,7 @@ class Scheduler(ClaimPlacement):
         self._committed[name] = total + claim.committed
 
     def _open_claim(self, item: PendingPod, vec: np.ndarray, waiting: int) -> tuple[OpenClaim | None, str]:
-        """A new NodeClaim of the first pool that can take `item`, its price capped for `waiting` pods like it (for a
-        pod with DRA claims, counted by allocating copies of them on each type's predicted devices)."""
+        """A new NodeClaim for `item`, its price capped for `waiting` pods like it (DRA claims: `DraPlanner.counts`)."""
         reasons: list[str] = []
         for tmpl in self.templates:
             why = why_not(tmpl, item)
