@@ -215,3 +215,38 @@ def test_an_extended_resource_no_type_offers_is_planned_through_the_class_that_s
     assert plan(result) == [("a100.x1", 7)]
     result = solve(pods, DraWorld())   # no class serves it: nothing to buy
     assert not result.claims and "nvidia.com/mig-1g.10gb" in result.unschedulable["default/p0"]
+
+
+def _allocated(name: str, node: str, device: str, pod_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A template-made claim kube-scheduler allocated on `node`, and its pod bound there."""
+    made = claim(name, request("mig", "mig.nvidia.com", selector=mig("1g.10gb")))
+    made["status"] = {"allocation": {"devices": {"results": [
+        {"request": "mig", "driver": "gpu.nvidia.com", "pool": node, "device": device}]}}}
+    bound = claim_pod(pod_name, gpu="template:small")
+    bound["spec"]["nodeName"] = node
+    bound["status"] = {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": name}]}
+    return made, bound
+
+
+def test_consolidation_moves_a_claim_pod_only_where_its_claim_can_be_allocated_again() -> None:
+    """A consolidation pass asks where a node's pods would go, as pending copies (disruption drops their node and
+    status): a template claim is then allocated anew for the replacement pod, against what the other nodes'
+    allocated claims hold."""
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "gpu-0", "labels": {"node.kubernetes.io/instance-type": "a100.x1"}},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"}}}
+    starts = (6, 5, 4, 3, 2, 1)
+    held = [_allocated(f"held-{s}", "gpu-0", f"gpu-0-mig-1g10gb-19-{s}", f"held-{s}") for s in starts]
+    objects = [c for c, _ in held]
+    moving_claim, bound = _allocated("moving-gpu", "gpu-1", "gpu-1-mig-1g10gb-19-6", "moving")
+    moving = {**bound, "spec": {k: v for k, v in bound["spec"].items() if k != "nodeName"},
+              "status": {"phase": "Pending"}}
+    small = template("small", request("mig", "mig.nvidia.com", selector=mig("1g.10gb")))
+    dra = world(small, moving_claim, *objects, slices=predicted_slices("gpu-0", A100, 1))
+    existing = [node_info(node, [p for _, p in held])]
+    result = solve([moving], dra, existing=existing)
+    assert list(result.existing) == ["gpu-0"] and not result.claims   # the seventh 1g.10gb placement is free
+    one_more, _ = _allocated("held-0", "gpu-0", "gpu-0-mig-1g10gb-19-0", "held-0")
+    full = world(small, moving_claim, one_more, *objects, slices=predicted_slices("gpu-0", A100, 1))
+    result = solve([moving], full, existing=existing)
+    assert not result.existing and plan(result) == [("a100.x1", 1)]   # gpu-0 is full: moving it needs a node

@@ -166,9 +166,6 @@ class DraWorld:
                 claim = parse_claim(obj, index)
             except ConfigError as exc:
                 return PodClaims(problem=f"{where}: {exc}")
-            if claim.allocation is not None and spec.get("nodeName") and not ref.get("resourceClaimName"):
-                # a bound pod being moved (consolidation): its replacement gets a claim of its own, allocated anew
-                claim = dataclasses.replace(claim, allocation=None)
             if claim.allocation is not None:
                 node = _allocated_node(obj, claim)
                 if node:
