@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,14 @@ import httpx2
 import lightkube
 import yaml
 from lightkube import ALL_NS, KubeConfig
-from lightkube.core.exceptions import NotReadyError
+from lightkube.core.exceptions import LoadResourceError, NotReadyError
 from lightkube.core.generic_client import WatchDriver
+from lightkube.core.resource_registry import resource_registry
 from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.core_v1 import Binding, ConfigMap, Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -51,8 +52,9 @@ from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
 DRAIN_WINDOW_S = 0.3
 _TYPED: dict[str, Any] = {
     "Node": Node, "Pod": Pod, "ConfigMap": ConfigMap, "Event": Event, "DaemonSet": DaemonSet, "Lease": Lease,
-    "PodDisruptionBudget": PodDisruptionBudget,
+    "PodDisruptionBudget": PodDisruptionBudget, "Binding": Binding,
 }
+_ANSWERED_WITH_STATUS = frozenset({"Binding"})
 _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": PatchType.STRATEGIC}
 
 
@@ -125,6 +127,9 @@ class LightkubeCluster(Cluster):
             metadata.pop("namespace", None)
         body["metadata"] = metadata
         name = metadata.get("name") or metadata.get("generateName", "")
+        if kind in _ANSWERED_WITH_STATUS:
+            return self.retry.call(lambda: self._post_for_status(kind, resource.from_dict(body), metadata, body),
+                                   _rejected_unprocessed)
         attempts = 0
 
         def once() -> dict[str, Any]:
@@ -141,6 +146,15 @@ class LightkubeCluster(Cluster):
                 raise
 
         return self.retry.call(once, is_transient if metadata.get("name") else _rejected_unprocessed)
+
+    def _post_for_status(self, kind: str, obj: Any, metadata: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """POST a create-only kind the server answers with a `Status` (a Binding): nothing to decode as the kind."""
+        generic = self.client._client
+        with _api_errors(f"create {kind} {metadata.get('name')}", self.client):
+            request = generic.prepare_request("post", obj=obj, namespace=metadata.get("namespace"))
+            request.response_type = None
+            generic.handle_response("post", generic.send(generic.build_adapter_request(request)), request)
+        return body
 
     def patch(
         self,
@@ -273,6 +287,8 @@ def _resource(kind: str) -> tuple[ResourceKind, Any]:
     typed = _TYPED.get(kind)
     if typed is not None:
         return spec, typed
+    with suppress(LoadResourceError):  # a built-in kind lightkube models (a generic class would clash with it)
+        return spec, resource_registry.load(spec.api_version, spec.kind)
     create = create_namespaced_resource if spec.namespaced else create_global_resource
     return spec, create(spec.group, spec.version, spec.kind, spec.plural)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +29,9 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
     ("Memory util", "memory_util_pct", "pct", True),
     ("Completed", "pods_completed", "int", True),
     ("OOM kills", "oom_kills", "int", False),
-    ("  within share", "innocent_oom_kills", "int", False),
+    ("  neighbours (within share)", "innocent_oom_kills", "int", False),
     ("Guard actions", "guard_actions", "int", False),
+    ("  neighbours saved", "neighbours_saved", "int", True),
     ("Jobs failed", "jobs_failed", "int", False),
     ("Pending p50", "pending_p50_s", "dur", False),
     ("Pending p95", "pending_p95_s", "dur", False),
@@ -42,7 +43,9 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
 ]
 
 
-def _format(value: float, kind: str) -> str:
+def _format(value: float | None, kind: str) -> str:
+    if value is None:
+        return "—"
     if kind == "pct":
         return f"{value:.1f}%"
     if kind == "int":
@@ -52,8 +55,13 @@ def _format(value: float, kind: str) -> str:
     return f"${value:,.2f}" if value < 100 else f"${value:,.0f}"
 
 
+def _value(result: StrategyResult, attr: str) -> float | None:
+    value = getattr(result, attr)
+    return None if value is None else float(value)
+
+
 def _best(results: Sequence[StrategyResult], attr: str, higher: bool) -> float | None:
-    values = [float(getattr(r, attr)) for r in results]
+    values = [float(v) for r in results if (v := getattr(r, attr)) is not None]
     if len(values) < 2 or len(set(values)) == 1:
         return None
     return max(values) if higher else min(values)
@@ -100,7 +108,7 @@ def _table(report: SimulationReport, results: Sequence[StrategyResult], first: b
         best = _best(report.results, attr, higher)
         cells = []
         for result in results:
-            value = float(getattr(result, attr))
+            value = _value(result, attr)
             text = _format(value, kind)
             cells.append(f"[bold green]{text}[/]" if best is not None and value == best else text)
         table.add_row(title_text, *cells)
@@ -236,7 +244,7 @@ def bars_figure(results: Sequence[StrategyResult]) -> Figure:
     names = [r.strategy for r in results]
     colors = (PALETTE * 4)[: len(results)]
     for ax, (title, attr, fmt) in zip(axes, panels, strict=True):
-        values = [float(getattr(r, attr)) for r in results]
+        values = [float(v) for r in results if (v := getattr(r, attr)) is not None]
         plotted = [v / 60 for v in values] if fmt is None else values
         bars = ax.barh(names, plotted, color=colors)
         ax.invert_yaxis()
@@ -284,6 +292,9 @@ def _cards(report: SimulationReport) -> str:
             f"<ul><li><b>{result.allocation_pct:.1f}%</b> of GPU-hours allocated</li>"
             f"<li><b>{format_duration(result.pending_p95_s)}</b> p95 wait for a GPU</li>"
             f"<li><b>{result.oom_kills}</b> OOM kills, <b>{result.jobs_failed}</b> jobs given up</li>"
+            f"<li><b>{result.innocent_oom_kills}</b> neighbours within their share OOM-killed"
+            f"{'' if result.neighbours_saved is None else f', <b>{result.neighbours_saved}</b> saved by the guard'}"
+            "</li>"
             f"<li><b>${result.cost_per_useful_gpu_hour:,.2f}</b> per useful GPU-hour</li></ul></div>"
         )
     return "".join(cards)
@@ -295,7 +306,7 @@ def _html_table(report: SimulationReport) -> str:
     for result in report.results:
         cells = []
         for _, attr, kind, higher in COLUMNS:
-            value = float(getattr(result, attr))
+            value = _value(result, attr)
             best = _best(report.results, attr, higher)
             css = ' class="best"' if best is not None and value == best else ""
             cells.append(f"<td{css}>{html.escape(_format(value, kind))}</td>")
@@ -357,3 +368,60 @@ def write_html(report: SimulationReport, path: str | Path) -> None:
     matplotlib.use("Agg")
     target = Path(path)
     write_durable(target, render_html(report))  # atomic and durable
+
+
+# ------------------------------------------------------------------------------------------- trace replay (FGD)
+
+
+def allocation_curve_figure(curves: Mapping[str, Sequence[float]]) -> Figure:
+    """GPU allocation against arrived workload, one line per policy (the shape of the FGD paper's Fig. 9): x is the
+    arrived GPU request as % of capacity (0..len-1), y the % of the cluster's GPUs allocated then."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.6), layout="constrained")
+    ax = figure.subplots()
+    ideal = max((len(c) for c in curves.values()), default=0)
+    ax.plot(range(ideal), [min(i, 100) for i in range(ideal)], color="#bbb", lw=1, ls="--", label="ideal")
+    for color, (policy, curve) in zip(PALETTE * 4, curves.items(), strict=False):
+        ax.plot(range(len(curve)), curve, color=color, lw=2, label=policy)
+    ax.set_xlabel("arrived workload (% of the cluster's GPUs requested)")
+    ax.set_ylabel("GPUs allocated (%)")
+    low = min((min(c[60:] or c) for c in curves.values()), default=0.0)
+    ax.set_xlim(60, max(ideal - 1, 61))
+    ax.set_ylim(max(0.0, low - 2), 101)
+    _style(ax)
+    ax.legend(loc="lower right", frameon=False)
+    return figure
+
+
+def render_trace_html(title: str, curves: Mapping[str, Sequence[float]],
+                      rows: Sequence[tuple[str, float, float, int, float]]) -> str:
+    """A trace replay's page: per policy (name, % at 100 % arrived, % at 130 %, skipped pods, wall seconds) and
+    the allocation curves."""
+    head = "<tr><th>Policy</th><th>GPUs allocated at 100 % arrived</th><th>at 130 %</th><th>Skipped pods</th>" \
+           "<th>Wall time</th></tr>"
+    best = max((r[1] for r in rows), default=None)
+    mark = ' class="best"'
+    body = "".join(
+        f"<tr><th>{html.escape(name)}</th><td{mark if at100 == best else ''}>{at100:.2f} %</td>"
+        f"<td>{at130:.2f} %</td><td>{skipped:,}</td><td>{wall:.1f} s</td></tr>"
+        for name, at100, at130, skipped, wall in rows)
+    image = _png(allocation_curve_figure(curves))
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>kubegpu trace replay — {html.escape(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<h1>GPU allocation on a replayed trace</h1><p class='lead'>{html.escape(title)}</p>"
+        f"<section><h2>Policies</h2><table>{head}{body}</table><p class='note'>Tasks arrive once and never "
+        "leave; each is placed at once or skipped. Allocation counts sharing tasks by their thousandths of a GPU."
+        "</p></section><section><h2>Allocation as the workload arrives</h2>"
+        f"<img alt='allocation curves' src='data:image/png;base64,{image}'></section>"
+        "<p class='note'>Generated by kubegpu trace. Protocol: docs/benchmarks.md.</p></main></body></html>"
+    )
+
+
+def write_trace_html(path: str | Path, title: str, curves: Mapping[str, Sequence[float]],
+                     rows: Sequence[tuple[str, float, float, int, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    write_durable(Path(path), render_trace_html(title, curves, rows))
