@@ -250,3 +250,28 @@ def test_consolidation_moves_a_claim_pod_only_where_its_claim_can_be_allocated_a
     full = world(small, moving_claim, one_more, *objects, slices=predicted_slices("gpu-0", A100, 1))
     result = solve([moving], full, existing=existing)
     assert not result.existing and plan(result) == [("a100.x1", 1)]   # gpu-0 is full: moving it needs a node
+
+
+def test_a_cluster_without_the_dra_api_still_gets_its_gpu_nodes() -> None:
+    """kwok nodes publish slices only where the API server serves resource.k8s.io/v1; elsewhere the node comes up
+    with its GPUs as before and nothing is retried."""
+    from kubegpu.clock import VirtualClock
+    from kubegpu.kube import MemoryCluster, NotFound
+    from tests.autoscaler.builders import Harness, nodepool
+
+    class NoDra(MemoryCluster):
+        creates = 0
+
+        def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+            if obj.get("kind") == "ResourceSlice":
+                NoDra.creates += 1
+                raise NotFound("the server could not find the requested resource")
+            return super().create(obj)
+
+    h = Harness(TYPES, registration_delay=5.0, cluster=NoDra(VirtualClock(1_000_000.0)))
+    h.add(nodepool("gpu"))
+    h.add(pod("train", limits={"nvidia.com/gpu": 1}))
+    h.run(20)
+    [node] = h.nodes()
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert NoDra.creates == 1   # tried once, then never again

@@ -53,7 +53,7 @@ def predicted_slices(node_name: str, gpu_model: str | None, gpu_count: int) -> l
 
 def publish_node_slices(cluster: Cluster, node: dict[str, Any], backend: GpuBackend) -> list[str]:
     """Create the driver's slices for `node` (GPUs read from `backend`), owned by the Node; the names written. A
-    slice that exists already (a retried tick) is left as it is."""
+    slice that exists already (a retried tick) is left as it is; a cluster without the DRA API gets none."""
     meta = node.get("metadata") or {}
     owner = {"apiVersion": "v1", "kind": "Node", "name": meta.get("name"), "uid": meta.get("uid"),
              "controller": True}
@@ -63,6 +63,8 @@ def publish_node_slices(cluster: Cluster, node: dict[str, Any], backend: GpuBack
             obj["metadata"]["ownerReferences"] = [owner]
         try:
             cluster.create(obj)
+        except NotFound:   # the cluster serves no resource.k8s.io/v1: no DRA there, nothing to publish
+            return []
         except Conflict as exc:
             if exc.reason != "AlreadyExists":
                 raise

@@ -236,7 +236,10 @@ class SimulatedProvider(InstanceListing):
         if status:
             self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
         if registered and inst.backend is not None:   # the DRA driver's slices appear with the device plugin's GPUs
-            publish_node_slices(self.cluster, node, inst.backend)
+            try:
+                publish_node_slices(self.cluster, node, inst.backend)
+            except KubegpuError:
+                return   # not published yet: the next tick tries again
         inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
