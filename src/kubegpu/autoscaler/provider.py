@@ -12,12 +12,14 @@ takes, so the NodeClaim lifecycle sees the same sequence (Launched → Registere
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.dra_nodes import publish_node_slices, remove_node_slices
 from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.objects import has_taint
@@ -236,6 +238,11 @@ class SimulatedProvider(InstanceListing):
             status["capacity"] = gpu
         if status:
             self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
+        if registered and inst.backend is not None:   # the DRA driver's slices appear with the device plugin's GPUs
+            try:
+                publish_node_slices(self.cluster, node, inst.backend)
+            except KubegpuError:
+                return   # not published yet: the next tick tries again
         inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
@@ -252,6 +259,8 @@ class SimulatedProvider(InstanceListing):
         except KubegpuError:
             pass
         if inst.backend is not None:
+            with contextlib.suppress(KubegpuError):   # owned by the Node: the garbage collector takes any left
+                remove_node_slices(self.cluster, inst.node_name, inst.backend)
             inst.backend.close()
 
     def get(self, provider_id: str) -> dict[str, Any]:
