@@ -82,6 +82,43 @@ def disruptions_allowed(pdb: Mapping[str, Any], pods: Sequence[Mapping[str, Any]
     return max(0, healthy - desired_healthy(pdb, len(selected), expected))
 
 
+def refusal(pod: Mapping[str, Any], pdb: Mapping[str, Any], selected: Sequence[Mapping[str, Any]],
+            expected: int | None = None) -> str | None:
+    """Why the API server answers 429 to evicting `pod` under `pdb` right now (None: it may go). A healthy pod needs
+    a disruption to spare; an unready one goes while the budget is met (`unhealthyPodEvictionPolicy`
+    IfHealthyBudget, the default) or always (AlwaysAllow)."""
+    healthy = sum(1 for p in selected if is_healthy(p))
+    desired = desired_healthy(pdb, len(selected), expected)
+    if is_healthy(pod):
+        refused = healthy - desired <= 0
+    else:
+        policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
+        refused = policy != "AlwaysAllow" and healthy < desired
+    if not refused:
+        return None
+    return (f"Cannot evict pod as it would violate the pod's disruption budget. The disruption budget "
+            f"{(pdb.get('metadata') or {}).get('name', '')} needs {desired} healthy pods and has {healthy} currently")
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference marked `controller: true` (a pod's ReplicaSet, a ReplicaSet's Deployment), if any."""
+    return next((o for o in (obj.get("metadata") or {}).get("ownerReferences") or () if o.get("controller")), None)
+
+
+def unreplaced(evictions: Sequence[int], serials: Sequence[int]) -> list[int]:
+    """Of the evictions (each the store's creation serial at that moment), those no pod created later (`serials`:
+    the creation serials of the pods selected now) has replaced; each pod replaces one eviction."""
+    left, newer, position = [], sorted(serials), 0
+    for mark in sorted(evictions):
+        while position < len(newer) and newer[position] <= mark:
+            position += 1
+        if position < len(newer):
+            position += 1
+        else:
+            left.append(mark)
+    return left
+
+
 def budget_ignored(pod: Mapping[str, Any]) -> bool:
     """Pods the API server evicts without consulting a budget: already being deleted, finished, or not started."""
     phase = (pod.get("status") or {}).get("phase")

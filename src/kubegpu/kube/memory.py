@@ -39,7 +39,7 @@ from typing import Any
 from kubegpu.clock import Clock, RealClock
 from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent, format_timestamp
 from kubegpu.kube.errors import ApiError, BadRequest, Conflict, Gone, Invalid, NotFound
-from kubegpu.kube.eviction import TOO_MANY_REQUESTS, budget_ignored, covering_pdbs, desired_healthy, is_healthy
+from kubegpu.kube.eviction import TOO_MANY_REQUESTS, budget_ignored, controller_of, covering_pdbs, refusal, unreplaced
 from kubegpu.kube.patching import clone, json_patch, merge_patch, strategic_merge_patch
 from kubegpu.kube.resources import ResourceKind, resource_kind
 from kubegpu.kube.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
@@ -251,17 +251,9 @@ class MemoryCluster(Cluster):
                 pdb = dict(pdbs[0])
                 selected = [p for (ns, _), p in self._objects.get("Pod", {}).items()
                             if ns == key[0] and covering_pdbs(p, [pdb])]
-                healthy = sum(1 for p in selected if is_healthy(p))
-                desired = desired_healthy(pdb, len(selected), self._expected_scale(pdb, selected))
-                if is_healthy(pod):
-                    refused = healthy - desired <= 0
-                else:   # an unready pod: IfHealthyBudget (the default) lets it go while the budget is met
-                    policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
-                    refused = policy != "AlwaysAllow" and healthy < desired
-                if refused:
-                    raise ApiError(f"Cannot evict pod as it would violate the pod's disruption budget. The disruption "
-                                   f"budget {pdb['metadata']['name']} needs {desired} healthy pods and has {healthy} "
-                                   "currently", code=TOO_MANY_REQUESTS, reason="TooManyRequests")
+                why = refusal(pod, pdb, selected, self._expected_scale(pdb, selected))
+                if why is not None:
+                    raise ApiError(why, code=TOO_MANY_REQUESTS, reason="TooManyRequests")
                 if self._controller_scale(pod) is None:   # its slot stays expected until a newer pod fills it
                     self._evicted.setdefault(pdb["metadata"]["uid"], []).append(self._uids)
             self.delete("Pod", name, key[0])
@@ -269,42 +261,31 @@ class MemoryCluster(Cluster):
     def _controller_scale(self, pod: dict[str, Any]) -> tuple[str, int] | None:
         """(uid, spec.replicas) of the top of the pod's controller chain the store holds (a ReplicaSet's
         Deployment), or None when it holds none."""
-        namespace, owner = pod["metadata"].get("namespace", ""), _controller_of(pod)
-        top: dict[str, Any] | None = None
+        namespace, owner, top = pod["metadata"].get("namespace", ""), controller_of(pod), None
         while owner is not None:
             found = self._objects.get(str(owner.get("kind")), {}).get((namespace, str(owner.get("name"))))
             if found is None:
                 break
-            top, owner = found, _controller_of(found)
-        if top is None:
-            return None
-        return top["metadata"]["uid"], int((top.get("spec") or {}).get("replicas", 1))
+            top, owner = found, controller_of(found)
+        return None if top is None else (top["metadata"]["uid"], int((top.get("spec") or {}).get("replicas", 1)))
 
     def _expected_scale(self, pdb: dict[str, Any], pods: builtins.list[dict[str, Any]]) -> int:
         """The pods the budget's workloads want, as the disruption controller reads them: the replicas of each
         controller the store holds, once; any other pod counts itself, and so does each such pod evicted under
         this budget until a pod created after its eviction has taken its place (the store runs no controllers, so
         without that an eviction would shrink the count it is checked against)."""
-        total, counted, serials = 0, set(), []
+        total, counted, serials = 0, set(), builtins.list[int]()
         for pod in pods:
             scale = self._controller_scale(pod)
             if scale is None:
                 total += 1
-                serials.append(_serial(pod))
+                serials.append(uuid.UUID(pod["metadata"]["uid"]).int)
             elif scale[0] not in counted:
                 counted.add(scale[0])
                 total += scale[1]
         uid = pdb["metadata"]["uid"]
-        outstanding, newer, position = [], sorted(serials), 0
-        for mark in sorted(self._evicted.get(uid, ())):
-            while position < len(newer) and newer[position] <= mark:
-                position += 1
-            if position < len(newer):
-                position += 1   # this pod replaced that eviction
-            else:
-                outstanding.append(mark)
-        self._evicted[uid] = outstanding
-        return total + len(outstanding)
+        self._evicted[uid] = unreplaced(self._evicted.get(uid, []), serials)
+        return total + len(self._evicted[uid])
 
     # ------------------------------------------------------------------ watches
     def watch(
@@ -489,18 +470,6 @@ def _as_seen_through(record: _Record, where: _Filter) -> WatchEvent | None:
         gone["metadata"]["resourceVersion"] = record.obj["metadata"]["resourceVersion"]
         return WatchEvent("DELETED", gone)
     return None
-
-
-def _serial(obj: dict[str, Any]) -> int:
-    """Creation order: the store's uids count up."""
-    try:
-        return uuid.UUID(str(obj["metadata"].get("uid"))).int
-    except ValueError:
-        return 0
-
-
-def _controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
-    return next((o for o in obj["metadata"].get("ownerReferences") or () if o.get("controller")), None)
 
 
 def _spec_of(obj: dict[str, Any]) -> dict[str, Any]:
