@@ -131,9 +131,12 @@ def evict(cluster: Any, namespace: str, name: str) -> str | None:
     server's reason for "not now" (429: a PodDisruptionBudget allows no more disruptions at this moment), and the
     pod is untouched. Any other refusal is raised as one KubegpuError line naming the pod.
 
-    `cluster`: a `Cluster` (an informer cache in front of one is looked through), the in-memory store (which
-    answers evictions as the API server does), or anything holding a lightkube `client`."""
+    `cluster`: anything holding a lightkube `client` (a `LightkubeCluster`), the in-memory store (which answers
+    evictions as the API server does), or an informer cache in front of either."""
     server = _server(cluster)
+    client = getattr(server, "client", None)
+    if client is not None:
+        return _evict_with_client(client, namespace, name)
     store_evict: Callable[[str, str], None] | None = getattr(server, "evict", None)
     if store_evict is not None:
         try:
@@ -145,10 +148,7 @@ def evict(cluster: Any, namespace: str, name: str) -> str | None:
                 return str(exc)
             raise KubegpuError(f"evict pod {namespace}/{name}: {exc}") from None
         return None
-    client = getattr(server, "client", None)
-    if client is None:
-        raise KubegpuError(f"evict pod {namespace}/{name}: {type(server).__name__} has no Eviction API")
-    return _evict_with_client(client, namespace, name)
+    raise KubegpuError(f"evict pod {namespace}/{name}: {type(server).__name__} has no Eviction API")
 
 
 def evict_pod(cluster: Any, namespace: str, name: str) -> bool:
@@ -169,10 +169,15 @@ def delete_past_grace(cluster: Any, namespace: str, name: str) -> None:
 
 
 def _server(cluster: Any) -> Any:
-    """The store behind an informer cache (`InformedCluster.store`), where evictions must go."""
-    seen = 0
-    while getattr(cluster, "store", None) is not None and seen < 8:
-        cluster, seen = cluster.store, seen + 1
+    """The first of `cluster` and the stores behind it (`InformedCluster.store`) that can evict: one with an API
+    client, or the in-memory store's `evict`."""
+    for _ in range(8):
+        if getattr(cluster, "client", None) is not None or getattr(cluster, "evict", None) is not None:
+            return cluster
+        behind = getattr(cluster, "store", None)
+        if behind is None:
+            return cluster
+        cluster = behind
     return cluster
 
 
