@@ -64,7 +64,7 @@ def _deployment(name: str, namespace: str, pool: str) -> dict[str, Any]:
 
 @pytest.fixture
 def autoscaler(real_cluster: RealCluster, namespace: str, crds: list[str], tmp_path: Path
-               ) -> Iterator[tuple[LightkubeCluster, str]]:
+               ) -> Iterator[tuple[LightkubeCluster, str, subprocess.Popen[bytes]]]:
     """`kubegpu autoscaler --instance-types FILE --registration-delay 0 --interval 1` in its own process, a NodePool
     (tainted: only this test's pods use it); afterwards everything it launched is deleted through the API and
     terminated by it before it is stopped."""
@@ -77,12 +77,12 @@ def autoscaler(real_cluster: RealCluster, namespace: str, crds: list[str], tmp_p
     types.write_text(json.dumps(to_kwok([instance_type("a100.x1", 8, 64, 4.0, gpus=1, model=A100)])))
     log = (tmp_path / "autoscaler.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "kubegpu", "autoscaler", "--instance-types", str(types), "--registration-delay", "0",
-         "--interval", "1", "--metrics-address", "", "--identity", "drain-budget", "--lease-namespace", namespace,
-         "--lease-duration", "5s"],
+        [sys.executable, "-X", "faulthandler", "-m", "kubegpu", "autoscaler", "--instance-types", str(types),
+         "--registration-delay", "0", "--interval", "1", "--metrics-address", "", "--identity", "drain-budget",
+         "--lease-namespace", namespace, "--lease-duration", "5s"],
         env={**os.environ, **real_cluster.env()}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield api, pool
+        yield api, pool, process
     finally:
         with contextlib.suppress(NotFound):
             api.client.delete(Deployment, pool, namespace=namespace)
@@ -104,9 +104,10 @@ def autoscaler(real_cluster: RealCluster, namespace: str, crds: list[str], tmp_p
         api.delete("NodePool", pool)
 
 
+@pytest.mark.timeout(600)   # about 60 s on a quiet machine: four nodes bought, drained and bought again, one by one
 def test_deleting_every_nodeclaim_at_once_never_breaks_the_pdb(
-        autoscaler: tuple[LightkubeCluster, str], namespace: str, tmp_path: Path) -> None:
-    api, pool = autoscaler
+        autoscaler: tuple[LightkubeCluster, str, subprocess.Popen[bytes]], namespace: str, tmp_path: Path) -> None:
+    api, pool, process = autoscaler
     app = pool
     api.client.create(codecs.from_dict(_deployment(app, namespace, pool)))
     api.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -121,7 +122,14 @@ def test_deleting_every_nodeclaim_at_once_never_breaks_the_pdb(
                 if n["metadata"].get("labels", {}).get(L.NODEPOOL_LABEL) == pool}
 
     def log_tail() -> str:
-        return (tmp_path / "autoscaler.log").read_text()[-3000:]
+        """What the cluster and the autoscaler show, for a failure's message."""
+        ended = "running" if process.poll() is None else f"exited {process.returncode}"
+        claims = sum(1 for c in api.list("NodeClaim") if c["metadata"].get("labels", {}).get(L.NODEPOOL_LABEL) == pool)
+        seen = [(p["metadata"]["name"][-5:], p["spec"].get("nodeName"), p["status"].get("phase"),
+                 [(c.get("type"), c.get("status"), c.get("reason")) for c in p["status"].get("conditions") or []])
+                for p in pods()]
+        log = (tmp_path / "autoscaler.log").read_text()[-3000:]
+        return f"{claims} nodeclaims; pods {seen}; autoscaler {ended}: {log}"
 
     def all_running() -> set[str] | None:
         ready = [p for p in pods() if _ready(p)]
