@@ -186,8 +186,11 @@ def _evict_with_client(client: Any, namespace: str, name: str) -> str | None:
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Pod
 
+    from kubegpu.kube.lightkube_cluster import first_decode
+
     try:
-        client.create(Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name, namespace=namespace)
+        first_decode((Pod.Eviction, "one"), lambda: client.create(
+            Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace)), name, namespace=namespace))
     except LightkubeApiError as exc:
         if exc.status.code == TOO_MANY_REQUESTS:
             causes = [c.message for c in ((exc.status.details.causes or []) if exc.status.details else [])
