@@ -19,11 +19,13 @@ import builtins
 import json
 import math
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 import lightkube
@@ -84,7 +86,8 @@ class LightkubeCluster(Cluster):
 
         def once() -> dict[str, Any]:
             with _api_errors(f"get {kind} {name}", self.client):
-                return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
+                return first_decode((resource, "one"), lambda: _as_dict(
+                    self.client.get(resource, name, namespace=_namespace(spec, namespace))))
 
         return self.retry.call(once, is_transient)
 
@@ -99,15 +102,17 @@ class LightkubeCluster(Cluster):
         labels, fields = _selectors(kind, label_selector, field_selector)
 
         def once() -> tuple[builtins.list[dict[str, Any]], str]:
-            with _api_errors(f"list {kind}", self.client):
+            def read() -> tuple[builtins.list[dict[str, Any]], str]:
                 listing = self.client.list(resource, namespace=_list_namespace(spec, namespace), labels=labels,
                                            fields=fields)
                 items = [_as_dict(item) for item in listing]
                 try:
-                    version = listing.resourceVersion
+                    return items, listing.resourceVersion
                 except NotReadyError:  # an empty first page may carry no resourceVersion
-                    version = ""
-            return items, version
+                    return items, ""
+
+            with _api_errors(f"list {kind}", self.client):
+                return first_decode((resource, "list"), read)
 
         items, version = self.retry.call(once, is_transient)
         items.sort(key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
@@ -137,7 +142,8 @@ class LightkubeCluster(Cluster):
             attempts += 1
             try:
                 with _api_errors(f"create {kind} {name}", self.client):
-                    return _as_dict(self.client.create(resource.from_dict(body), namespace=metadata.get("namespace")))
+                    return first_decode((resource, "one"), lambda: _as_dict(
+                        self.client.create(resource.from_dict(body), namespace=metadata.get("namespace"))))
             except Conflict as exc:
                 # a retried create of a fixed name meeting AlreadyExists: the first attempt went through before its
                 # answer was lost; return that object instead of failing (or, worse, creating a second one)
@@ -174,8 +180,8 @@ class LightkubeCluster(Cluster):
 
         def once() -> dict[str, Any]:
             with _api_errors(f"patch {kind} {name}", self.client):
-                return _as_dict(self.client.patch(target, name, patch, namespace=_namespace(spec, namespace),
-                                                  patch_type=_PATCH_TYPES[patch_type]))
+                return first_decode((target, "one"), lambda: _as_dict(self.client.patch(
+                    target, name, patch, namespace=_namespace(spec, namespace), patch_type=_PATCH_TYPES[patch_type])))
 
         # merge/strategic patches land on the same object however often they are sent; a JSON patch may not
         return self.retry.call(once, _rejected_unprocessed if patch_type == "json" else is_transient)
@@ -189,7 +195,8 @@ class LightkubeCluster(Cluster):
             attempts += 1
             try:
                 with _api_errors(f"delete {kind} {name}", self.client):
-                    self.client.delete(resource, name, namespace=_namespace(spec, namespace))
+                    first_decode((resource, "delete"),
+                                  lambda: self.client.delete(resource, name, namespace=_namespace(spec, namespace)))
             except NotFound:
                 if attempts == 1:  # gone before we asked; after a lost answer, gone because of us
                     raise
@@ -251,7 +258,7 @@ class LightkubeCluster(Cluster):
                                 if bookmarks:
                                     yield WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": version}})
                             continue
-                        event_type, obj = driver.process_one_line(line)
+                        event_type, obj = first_decode((resource, "watch"), partial(driver.process_one_line, line))
                         yield WatchEvent(event_type, _as_dict(obj))
                         if deadline is not None and time.monotonic() >= deadline:
                             return
@@ -259,6 +266,24 @@ class LightkubeCluster(Cluster):
                     return
                 finally:
                     response.close()
+
+
+_DECODE_LOCK = threading.Lock()
+_DECODED: set[tuple[Any, str]] = set()
+T = TypeVar("T")
+
+
+def first_decode(key: tuple[Any, str], call: Callable[[], T]) -> T:
+    """`call()`, alone in the process the first time a response of this kind and shape is decoded. lightkube
+    decodes with msgspec, which builds a model's type information on its first use; two threads building it at
+    once (the informers' first lists share ObjectMeta) crashed the interpreter with SIGSEGV under load. Later calls
+    take no lock. `key`: the resource class and what is decoded (one object, a list, a watch event, a delete)."""
+    if key in _DECODED:
+        return call()
+    with _DECODE_LOCK:
+        result = call()
+        _DECODED.add(key)
+        return result
 
 
 def _kubeconfig() -> KubeConfig:

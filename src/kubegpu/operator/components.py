@@ -156,8 +156,8 @@ OPERANDS: tuple[Operand, ...] = (
             cluster_rules=(
                 rule([""], ["nodes"], ["get", "list", "create", "patch", "delete"]),
                 rule([""], ["nodes/status"], ["patch"]), rule([""], ["pods"], ["list", "delete"]),
-                rule(["kubegpu.io"], ["nodepools"], ["get", "list"]),
-                rule(["kubegpu.io"], ["nodeclaims"], ["list", "create", "patch", "delete"]),
+                rule([""], ["pods/eviction"], ["create"]), rule(["kubegpu.io"], ["nodepools"], ["get", "list"]),
+                rule(["kubegpu.io"], ["nodeclaims"], ["get", "list", "create", "patch", "delete"]),
                 rule(["kubegpu.io"], ["nodeclaims/status"], ["patch"]), rule(["apps"], ["daemonsets"], ["list"]),
                 rule(["kubegpu.io"], ["ec2nodeclasses"], ["list"]),
                 rule(["kubegpu.io"], ["ec2nodeclasses/status"], ["patch"]),
