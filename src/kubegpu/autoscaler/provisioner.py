@@ -29,7 +29,7 @@ from kubegpu.autoscaler.pool_status import PoolStatus
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
-from kubegpu.autoscaler.termination import taint_node
+from kubegpu.autoscaler.recovery import UNUSED, disrupted_reason, set_disrupted
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
@@ -338,6 +338,7 @@ class Provisioner:
         live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
         shapes = pod_shapes(pending)
         on = snapshot.pods_on
+        self._adopt_cordons(live, snapshot)
         surplus = self.surplus.update(live, on, needed, now)
         live_names = {name_of(c) for c in live}
         uncordon: list[tuple[str, str]] = []
@@ -364,11 +365,13 @@ class Provisioner:
                     continue
             terminate.append(claim)
         # the decisions above are this pass's; the writes go out together (a burst ends with hundreds unused)
-        lifted = self._each_write([(name, partial(taint_node, self.cluster, node, False)) for name, node in uncordon])
+        lifted = self._each_write([(name, partial(set_disrupted, self.cluster, node, False, UNUSED))
+                                   for name, node in uncordon])
         for (name, node_name), done in zip(uncordon, lifted, strict=True):
             if not done:
                 self._cordoned[name] = (node_name, now)   # still cordoned: try again next pass
-        laid = self._each_write([(name, partial(taint_node, self.cluster, node, True)) for name, node in cordon])
+        laid = self._each_write([(name, partial(set_disrupted, self.cluster, node, True, UNUSED))
+                                 for name, node in cordon])
         for (name, node_name), done in zip(cordon, laid, strict=True):
             if done:
                 self._cordoned[name] = (node_name, now)
@@ -377,6 +380,19 @@ class Provisioner:
             for claim, done in zip(terminate, ended, strict=True):
                 if done:
                     self._cordoned.pop(name_of(claim), None)
+
+    def _adopt_cordons(self, live: Sequence[Mapping[str, Any]], snapshot: Snapshot) -> None:
+        """Surplus cordons live in the API (the taint and its `unused` reason, one write), not only in `_cordoned`:
+        those this replica does not know (laid by a leader before it) are taken over as laid when first seen, and
+        the claim's unused time counted from then, so each goes on to termination or is uncordoned like its own."""
+        for claim in live:
+            name = name_of(claim)
+            if name in self._cordoned:
+                continue
+            node = snapshot.nodes.get((claim.get("status") or {}).get("nodeName") or "")
+            if node is not None and has_taint(node, L.DISRUPTED_TAINT) and disrupted_reason(node) == UNUSED:
+                self._cordoned[name] = (name_of(node), self.clock.now())
+                self.surplus.since.setdefault(name, self.clock.now() - self.surplus.grace)
 
     def _each_write(self, writes: Sequence[tuple[str, Callable[[], object]]]) -> list[bool]:
         """Each claim's write, up to `parallelism` at a time; whether each went through (a failure is logged)."""
@@ -417,9 +433,10 @@ class Provisioner:
             result.existing.setdefault(name, []).extend(pods)
         return result
 
-    def create_claim(self, plan: ClaimPlan, pool: NodePool) -> dict[str, Any]:
-        """Create the NodeClaim (the API server names it from `generateName`) and nominate the plan's pods to it."""
-        claim = nodeclaim_object(plan, pool, f"{pool.name}-", self.clock.now())
+    def create_claim(self, plan: ClaimPlan, pool: NodePool, name: str | None = None) -> dict[str, Any]:
+        """Create the NodeClaim and nominate the plan's pods to it. The API server names it from `generateName`
+        unless the caller recorded a `name` for it first (disruption's replacements)."""
+        claim = nodeclaim_object(plan, pool, name or f"{pool.name}-", self.clock.now())
         created = self.cluster.create(claim)
         self.state.nominate(name_of(created), (pod_key(p) for p in plan.pods), self.clock.now())
         if self.metrics is not None:
