@@ -19,6 +19,7 @@ finalizer: those belong to whoever put them there (termination removes its own).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -320,10 +321,8 @@ class SimulatedProvider(InstanceListing):
         inst = self._instance(provider_id)
         if inst is None:
             raise NodeClaimNotFoundError(f"nodeclaim {nodeclaim['metadata']['name']}: instance already gone")
-        try:
+        with contextlib.suppress(NotFound):
             self.cluster.delete("Node", inst.node_name)
-        except NotFound:
-            pass
         self._forget(provider_id)
 
     def get(self, provider_id: str) -> dict[str, Any]:

@@ -26,10 +26,10 @@ from kubegpu.autoscaler.objects import (
     name_of,
 )
 from kubegpu.autoscaler.pool_status import PoolStatus
+from kubegpu.autoscaler.recovery import UNUSED, disrupted_reason, set_disrupted
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
-from kubegpu.autoscaler.recovery import UNUSED, disrupted_reason, set_disrupted
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity

@@ -118,11 +118,11 @@ class Recovery:
                 self.resumed.append(name_of(claim))
         by_node = {(c.get("status") or {}).get("nodeName"): c for c in snapshot.nodeclaims}
         for node in snapshot.nodes.values():
-            claim = by_node.get(name_of(node))
-            if claim is None or not has_taint(node, L.DISRUPTED_TAINT) or self._explained(claim, node):
+            owner = by_node.get(name_of(node))
+            if owner is None or not has_taint(node, L.DISRUPTED_TAINT) or self._explained(owner, node):
                 continue
             try:
-                self._lift_if_orphan(name_of(claim), name_of(node))
+                self._lift_if_orphan(name_of(owner), name_of(node))
             except KubegpuError as exc:
                 self.log(f"node {name_of(node)}: cannot lift an orphan disrupted taint: {exc}")
 

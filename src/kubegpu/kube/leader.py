@@ -31,7 +31,7 @@ RENEW_FRACTION = 2 / 3   # of the lease duration: how long a renewal lets the ho
 T = TypeVar("T")
 
 
-class LeadershipLost(Exception):  # noqa: N818 - a state, not a failure: the stage stops, nothing is retried
+class LeadershipLost(Exception):
     """A write refused because this replica no longer holds its Lease. Deliberately not a `KubegpuError`: the
     per-object error handling in the stages (which logs and goes on with the next object) must not catch it; it
     ends the stage."""
