@@ -230,7 +230,7 @@ class SimulatedProvider(InstanceListing):
         if it is not None and it.gpu_model and it.gpu_count:
             sharing = sharing_of(labels, annotations, f"node {meta.get('name')}")
             backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config)
-        published = not has_taint(node, L.UNREGISTERED_TAINT) and (backend is None or any(
+        published = _ready(node) and not has_taint(node, L.UNREGISTERED_TAINT) and (backend is None or any(
             k.startswith("nvidia.com/") for k in ((node.get("status") or {}).get("allocatable") or {})))
         inst = _Instance(str(meta.get("name")), provider_id, labels.get(L.NODECLAIM_LABEL, ""),
                          self.clock.now() - self.registration_delay, backend, labels, annotations,
