@@ -90,9 +90,11 @@ class World:
     """The cluster, the clock, the stand-ins for kube-scheduler, a ReplicaSet and (AWS) the kubelet, and the
     autoscaler replica that leads now."""
 
-    def __init__(self, make_provider: Callable[[Any, VirtualClock], Any], clock: VirtualClock | None = None,
-                 kubelet: Callable[[World], None] | None = None, **options: Any) -> None:
+    def __init__(self, make_provider: Callable[[Any, VirtualClock, Writes], Any], clock: VirtualClock | None = None,
+                 kubelet: Callable[[World], None] | None = None,
+                 make_upkeep: Callable[[Any, VirtualClock], list[Any]] | None = None, **options: Any) -> None:
         self.clock = clock or VirtualClock(1_000_000.0)
+        self.make_upkeep = make_upkeep
         self.store = MemoryCluster(self.clock)
         self.writes = Writes()
         self.make_provider = make_provider
@@ -107,10 +109,11 @@ class World:
     def _replica(self) -> Autoscaler:
         self.replicas += 1
         cluster = Counted(self.store, self.writes, ("create", "patch", "delete"), cluster_write)
-        provider = self.make_provider(cluster, self.clock)
+        provider = self.make_provider(cluster, self.clock, self.writes)
         elector = LeaderElector(self.store, f"replica-{self.replicas}", LEASE_NAME, lease_duration=LEASE_S)
+        upkeep = self.make_upkeep(provider, self.clock) if self.make_upkeep is not None else []
         return Autoscaler(cluster, provider, self.clock, self.options, log=self.lines.append,  # type: ignore[arg-type]
-                          elector=elector, upkeep=getattr(provider, "upkeep", ()))
+                          elector=elector, upkeep=upkeep)
 
     def restart(self) -> None:
         """The leader died: its informers, its provider's memory, its pending decisions are gone."""
@@ -208,8 +211,8 @@ class World:
         return out
 
 
-def kwok_provider(types: list[Any]) -> Callable[[Any, VirtualClock], SimulatedProvider]:
-    return lambda cluster, clock: SimulatedProvider(cluster, types, clock, registration_delay=5.0)
+def kwok_provider(types: list[Any]) -> Callable[[Any, VirtualClock, Writes], SimulatedProvider]:
+    return lambda cluster, clock, _writes: SimulatedProvider(cluster, types, clock, registration_delay=5.0)
 
 
 def kwok_instances(world: World) -> set[str]:
