@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.clients import AwsClients
 from kubegpu.autoscaler.aws.launch import parse_provider_id, provider_id
 from kubegpu.autoscaler.aws.nodeclass import parse_ec2nodeclass
@@ -60,8 +61,14 @@ class AwsCloud:
         return set(self.running())
 
     def kubelet(self, world: World) -> None:
-        """Each running instance's kubelet registers its Node (Ready, the claim's allocatable) once."""
+        """Each running instance's kubelet registers its Node once (Ready, the claim's allocatable, the
+        unregistered taint its launch template gives it); the cloud-controller-manager deletes the Node of an
+        instance that no longer runs (finalizers then hold it for whoever put them there)."""
         running = self.running()
+        for node in world.store.list("Node"):
+            pid = (node.get("spec") or {}).get("providerID")
+            if pid not in running and not node["metadata"].get("deletionTimestamp"):
+                world.store.delete("Node", node["metadata"]["name"])
         nodes = {(n.get("spec") or {}).get("providerID") for n in world.store.list("Node")}
         for claim in world.store.list("NodeClaim"):
             status = claim.get("status") or {}
@@ -72,7 +79,7 @@ class AwsCloud:
             world.store.create({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": f"ip-{running[pid]}", "labels": dict(claim["metadata"].get("labels") or {})},
-                "spec": {"providerID": pid},
+                "spec": {"providerID": pid, "taints": [dict(L.UNREGISTERED_TAINT)]},
                 "status": {"capacity": dict(status.get("capacity") or {}),
                            "allocatable": dict(status.get("allocatable") or {}),
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}})

@@ -148,7 +148,7 @@ class World:
             if p["spec"].get("nodeName") or p["status"].get("phase") != "Pending":
                 continue
             for info in infos:
-                if fits(p, info).ok:
+                if fits(p, info).ok and not _repelled(p, info.pods):
                     info.add_pod(p)
                     ns = p["metadata"]["namespace"]
                     self.store.patch("Pod", p["metadata"]["name"], {"spec": {"nodeName": info.name}}, namespace=ns)
@@ -209,6 +209,20 @@ class World:
             if pod is None or where not in nodes or pod["status"].get("phase") != "Running":
                 out.append(f"pod {name} lost (on {where!r})")
         return out
+
+
+def _repelled(pod: dict[str, Any], there: list[dict[str, Any]]) -> bool:
+    """kube-scheduler's required pod anti-affinity on the hostname (all these tests use): a pod matching a term's
+    labels already runs on the node."""
+    terms = (((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or []
+    for term in terms:
+        wanted = (term.get("labelSelector") or {}).get("matchLabels") or {}
+        if term.get("topologyKey") == L.HOSTNAME_LABEL and any(
+                all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+                for p in there):
+            return True
+    return False
 
 
 def kwok_provider(types: list[Any]) -> Callable[[Any, VirtualClock, Writes], SimulatedProvider]:

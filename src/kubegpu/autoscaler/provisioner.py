@@ -26,7 +26,7 @@ from kubegpu.autoscaler.objects import (
     name_of,
 )
 from kubegpu.autoscaler.pool_status import PoolStatus
-from kubegpu.autoscaler.recovery import UNUSED, disrupted_reason, set_disrupted
+from kubegpu.autoscaler.recovery import UNUSED, set_disrupted, unused_cordons
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
@@ -338,7 +338,10 @@ class Provisioner:
         live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
         shapes = pod_shapes(pending)
         on = snapshot.pods_on
-        self._adopt_cordons(live, snapshot)
+        for name, node_name in unused_cordons(live, snapshot.nodes).items():   # a previous leader's cordons: taken
+            if name not in self._cordoned:   # over as laid now, unused since a grace ago (terminated or uncordoned)
+                self._cordoned[name] = (node_name, now)
+                self.surplus.since.setdefault(name, now - self.surplus.grace)
         surplus = self.surplus.update(live, on, needed, now)
         live_names = {name_of(c) for c in live}
         uncordon: list[tuple[str, str]] = []
@@ -380,19 +383,6 @@ class Provisioner:
             for claim, done in zip(terminate, ended, strict=True):
                 if done:
                     self._cordoned.pop(name_of(claim), None)
-
-    def _adopt_cordons(self, live: Sequence[Mapping[str, Any]], snapshot: Snapshot) -> None:
-        """Surplus cordons live in the API (the taint and its `unused` reason, one write), not only in `_cordoned`:
-        those this replica does not know (laid by a leader before it) are taken over as laid when first seen, and
-        the claim's unused time counted from then, so each goes on to termination or is uncordoned like its own."""
-        for claim in live:
-            name = name_of(claim)
-            if name in self._cordoned:
-                continue
-            node = snapshot.nodes.get((claim.get("status") or {}).get("nodeName") or "")
-            if node is not None and has_taint(node, L.DISRUPTED_TAINT) and disrupted_reason(node) == UNUSED:
-                self._cordoned[name] = (name_of(node), self.clock.now())
-                self.surplus.since.setdefault(name, self.clock.now() - self.surplus.grace)
 
     def _each_write(self, writes: Sequence[tuple[str, Callable[[], object]]]) -> list[bool]:
         """Each claim's write, up to `parallelism` at a time; whether each went through (a failure is logged)."""

@@ -24,7 +24,7 @@ another controller added meanwhile is never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -97,6 +97,17 @@ def set_disrupted(cluster: Cluster, node_name: str, on: bool, reason: str = DISR
 
 def disrupted_reason(node: Mapping[str, Any]) -> str | None:
     return ((node.get("metadata") or {}).get("annotations") or {}).get(DISRUPTED_REASON_ANNOTATION)
+
+
+def unused_cordons(claims: Iterable[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """NodeClaim → node, for the claims whose node carries a surplus cordon (the taint with reason `unused`): what
+    the provisioner takes over from a previous leader."""
+    out: dict[str, str] = {}
+    for claim in claims:
+        node = nodes.get((claim.get("status") or {}).get("nodeName") or "")
+        if node is not None and has_taint(node, L.DISRUPTED_TAINT) and disrupted_reason(node) == UNUSED:
+            out[name_of(claim)] = name_of(node)
+    return out
 
 
 class Recovery:
