@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kubegpu.autoscaler.controller import LEASE_NAME, Autoscaler, Options
 from kubegpu.autoscaler.provider import SimulatedProvider
 from kubegpu.clock import VirtualClock
@@ -82,3 +84,27 @@ def test_the_fence_closes_at_the_renew_deadline_and_on_a_failed_renewal() -> Non
     assert a.try_acquire(0.0) and a.holds(9.9) and not a.holds(10.0)   # 2/3 of the lease: before b may take it
     assert b.try_acquire(15.0) and b.holds(15.0)
     assert not a.try_acquire(16.0) and not a.holds(16.0)
+
+
+def test_writes_through_the_raw_client_are_fenced_too() -> None:
+    """Evictions go through the store's API client (the Eviction API), not `patch`/`delete`: fenced all the same."""
+    from kubegpu.kube.leader import Fence, FencedCluster, LeadershipLost
+
+    class Client:
+        def __init__(self) -> None:
+            self.created: list[str] = []
+
+        def create(self, what: str) -> None:
+            self.created.append(what)
+
+    clock = VirtualClock(0.0)
+    store = MemoryCluster(clock)
+    store.client = Client()  # type: ignore[attr-defined]
+    elector = LeaderElector(store, "a", "demo", lease_duration=15.0)
+    cluster = FencedCluster(store, Fence(elector, clock))
+    assert elector.try_acquire(0.0)
+    cluster.client.create("eviction of p0")
+    clock.advance(11.0)   # past the renew deadline without a renewal
+    with pytest.raises(LeadershipLost):
+        cluster.client.create("eviction of p1")
+    assert store.client.created == ["eviction of p0"]  # type: ignore[attr-defined]

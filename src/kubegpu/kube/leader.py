@@ -27,6 +27,7 @@ from kubegpu.clock import Clock
 from kubegpu.kube.cluster import Cluster, WatchEvent, format_timestamp, parse_timestamp
 from kubegpu.kube.errors import Conflict, NotFound
 
+CLIENT_WRITES = ("create", "patch", "delete", "replace", "apply", "deletecollection")
 RENEW_FRACTION = 2 / 3   # of the lease duration: how long a renewal lets the holder act (client-go: 10 s of 15 s)
 T = TypeVar("T")
 
@@ -128,7 +129,10 @@ class FencedCluster(Cluster):
         self.clock = getattr(store, "clock", None)
 
     def __getattr__(self, name: str) -> Any:   # subscribe and the like: whatever else the store offers
-        return getattr(self.store, name)
+        attr = getattr(self.store, name)
+        if name == "client":   # the raw API client (evictions go through it): its writes are fenced too
+            return fenced(attr, self.fence, CLIENT_WRITES)
+        return attr
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         return self.store.get(kind, name, namespace)
