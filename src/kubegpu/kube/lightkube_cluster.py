@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ import httpx2
 import lightkube
 import yaml
 from lightkube import ALL_NS, KubeConfig
-from lightkube.core.exceptions import NotReadyError
+from lightkube.core.exceptions import LoadResourceError, NotReadyError
 from lightkube.core.generic_client import WatchDriver
+from lightkube.core.resource_registry import resource_registry
 from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet
@@ -273,6 +274,8 @@ def _resource(kind: str) -> tuple[ResourceKind, Any]:
     typed = _TYPED.get(kind)
     if typed is not None:
         return spec, typed
+    with suppress(LoadResourceError):  # a built-in kind lightkube models (a generic class would clash with it)
+        return spec, resource_registry.load(spec.api_version, spec.kind)
     create = create_namespaced_resource if spec.namespaced else create_global_resource
     return spec, create(spec.group, spec.version, spec.kind, spec.plural)
 
