@@ -211,6 +211,15 @@ class World:
         return out
 
 
+CATEGORIES = (("orphan", "orphan taints"), ("no NodeClaim", "leaked instances"), ("leaked", "leaked instances"),
+              ("pod ", "pods lost"), ("nodeclaim ", "stuck NodeClaims"), ("stuck", "stuck NodeClaims"))
+
+
+def category(problem: str) -> str:
+    """Which of the four counts a `World.problems` line falls under."""
+    return next(name for key, name in CATEGORIES if key in problem)
+
+
 def _repelled(pod: dict[str, Any], there: list[dict[str, Any]]) -> bool:
     """kube-scheduler's required pod anti-affinity on the hostname (all these tests use): a pod matching a term's
     labels already runs on the node."""
