@@ -187,7 +187,7 @@ class Orchestrator:
         for claim in claims:
             node_name = (claim.get("status") or {}).get("nodeName")
             if node_name:
-                set_disrupted(self.cluster, node_name, False)
+                set_disrupted(self.cluster, node_name, False, DISRUPTION)
             with contextlib.suppress(NotFound):
                 self.cluster.patch("NodeClaim", name_of(claim),
                                    {"metadata": {"annotations": {DISRUPTION_ANNOTATION: None}}})

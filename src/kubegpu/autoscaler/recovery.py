@@ -73,15 +73,19 @@ def update_fresh(cluster: Cluster, kind: str, name: str,
     raise last
 
 
-def set_disrupted(cluster: Cluster, node_name: str, on: bool, reason: str = DISRUPTION) -> bool:
+def set_disrupted(cluster: Cluster, node_name: str, on: bool, reason: str | None = DISRUPTION) -> bool:
     """Lay (`on`) or lift the `kubegpu.io/disrupted:NoSchedule` taint, with the Node's reason annotation in the same
-    write (laid with the taint, removed with it). False when the Node is gone."""
+    write (laid with the taint, removed with it). Lifting with a `reason` lifts only a taint laid for that reason
+    (the provisioner never lifts disruption's, nor disruption the provisioner's); None lifts any. False when the
+    Node is gone."""
     key = L.DISRUPTED_TAINT["key"]
 
     def mutate(node: dict[str, Any]) -> dict[str, Any] | None:
         taints = (node.get("spec") or {}).get("taints") or []
         rest = [t for t in taints if t.get("key") != key]
         recorded = ((node.get("metadata") or {}).get("annotations") or {}).get(DISRUPTED_REASON_ANNOTATION)
+        if not on and reason is not None and recorded != reason:
+            return None   # laid for another reason: its owner lifts it
         wanted = reason if on else None
         if has_taint(node, L.DISRUPTED_TAINT) == on and len(taints) - len(rest) == int(on) and recorded == wanted:
             return None
@@ -156,5 +160,5 @@ class Recovery:
         if not has_taint(node, L.DISRUPTED_TAINT) or self._explained(claim, node):
             return
         self.log(f"node {node_name}: lifting a disrupted taint no record explains")
-        if set_disrupted(self.cluster, node_name, False):
+        if set_disrupted(self.cluster, node_name, False, None):
             self.lifted.append(node_name)
