@@ -154,7 +154,8 @@ class SimulatedProvider(InstanceListing):
 
     def __init__(self, cluster: Cluster, instance_types: Sequence[InstanceType], clock: Clock,
                  registration_delay: float = 30.0, parallelism: int = 1) -> None:
-        self.cluster = cluster
+        self.cluster = cluster   # writes: the cloud's own (its Nodes), not a leader's, so never behind a fence
+        self.reader = cluster    # reads: the autoscaler's informers once attached
         self.types = list(instance_types)
         self.clock = clock
         self.registration_delay = registration_delay
@@ -200,7 +201,7 @@ class SimulatedProvider(InstanceListing):
         try:
             self._fresh[provider_id] = self.cluster.create(node)
         except Conflict:   # launched before, by a process that died before recording it: the same instance
-            existing = self.cluster.get("Node", node_name)
+            existing = self.reader.get("Node", node_name)
             if (existing.get("spec") or {}).get("providerID") != provider_id or \
                     (existing.get("metadata") or {}).get("deletionTimestamp"):
                 raise
@@ -241,7 +242,7 @@ class SimulatedProvider(InstanceListing):
         """Rebuild, once per process, every instance a previous one launched (their Nodes are all there is)."""
         if self._adopted:
             return
-        for node in self.cluster.list("Node", label_selector=f"{L.SIMULATED_NODE_LABEL}=true"):
+        for node in self.reader.list("Node", label_selector=f"{L.SIMULATED_NODE_LABEL}=true"):
             provider_id = (node.get("spec") or {}).get("providerID")
             if provider_id and provider_id not in self.instances:
                 self._rebuild(node)
@@ -253,7 +254,7 @@ class SimulatedProvider(InstanceListing):
         if not node_name:
             return None
         try:
-            node = self.cluster.get("Node", node_name)
+            node = self.reader.get("Node", node_name)
         except NotFound:
             self._forget(provider_id)
             return None
@@ -289,14 +290,16 @@ class SimulatedProvider(InstanceListing):
         return self._fresh.pop(provider_id, None)
 
     def attach(self, cluster: Cluster) -> None:
-        """Read and write through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a
-        tick then reads each waiting Node from the informer's cache instead of GETting it from the API server every
-        pass, and a created Node is in the next pass's snapshot even before its watch event arrives."""
-        self.cluster = cluster
+        """Read through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a tick then
+        reads each waiting Node from the informer's cache instead of GETting it from the API server every pass.
+        Writes stay on the plain cluster: they are the cloud's (a kubelet's status, an instance's Node), and which
+        replica may make the provider act at all is fenced where it calls `create` and `delete`, so replicas that
+        share this provider, as they share a cloud, each act only while they lead."""
+        self.reader = cluster
 
     def _tick_one(self, inst: _Instance) -> None:
         try:
-            node = self.cluster.get("Node", inst.node_name)
+            node = self.reader.get("Node", inst.node_name)
         except KubegpuError:
             return
         status: dict[str, Any] = {}
@@ -329,7 +332,7 @@ class SimulatedProvider(InstanceListing):
         inst = self._instance(provider_id)
         if inst is None:
             raise NodeClaimNotFoundError(f"instance {provider_id} not found")
-        return self.cluster.get("Node", inst.node_name)
+        return self.reader.get("Node", inst.node_name)
 
     def list(self) -> builtins.list[dict[str, Any]]:
         self._adopt()
