@@ -74,14 +74,17 @@ def keep_nominated(infos: Sequence[NodeInfo], pending: Sequence[dict[str, Any]],
 def _repelled(pod: dict[str, Any], there: Sequence[dict[str, Any]]) -> bool:
     """Required hostname anti-affinity, either way, between `pod` and a pod already on the node: a nomination that
     kube-scheduler can no longer honour (a pod it repels landed there meanwhile) is planned again, not kept."""
-    mine = prepare_pod(pod)
+    mine = prepare_pod(pod) if _anti_affinity(pod) else None
     for other in there:
-        if repels(mine, other):
+        if mine is not None and repels(mine, other):
             return True
-        if ((other.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") and \
-                repels(prepare_pod(other), pod):
+        if _anti_affinity(other) and repels(prepare_pod(other), pod):
             return True
     return False
+
+
+def _anti_affinity(pod: Mapping[str, Any]) -> bool:
+    return bool(((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity"))
 
 
 def replacements_under_way(nodeclaims: Iterable[Mapping[str, Any]]) -> set[str]:
