@@ -175,6 +175,8 @@ class Autoscaler:
             ("provider", self._tick), ("core", self._core), ("termination", self._terminate),
             *((task.name, lambda task=task: task.run(self)) for task in self.upkeep)]  # type: ignore[misc]
         leading = asyncio.Event()
+        # renewed well within the fence's deadline, so a short --lease-duration does not close it between renewals
+        renew_every = min(interval, self.elector.renew_deadline / 2) if self.elector is not None else interval
 
         async def elect() -> None:
             while not stop.is_set():
@@ -185,7 +187,7 @@ class Autoscaler:
                     is_leader = False
                 (leading.set if is_leader else leading.clear)()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=interval)
+                    await asyncio.wait_for(stop.wait(), timeout=renew_every)
 
         async def group(name: str, work: Callable[[], object], pool: ThreadPoolExecutor) -> None:
             while not stop.is_set():
