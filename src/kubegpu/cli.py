@@ -34,6 +34,8 @@ COMPONENT_CLIS = (
     "kubegpu.quota.cli",
     "kubegpu.guard.cli",
     "kubegpu.configmanager.cli",
+    "kubegpu.placement.cli",
+    "kubegpu.sim.trace.cli",
 )
 
 # click's base error class (typer vendors click, so it is reached through a public subclass rather than imported)
@@ -89,6 +91,8 @@ COMMAND_COMPONENTS = {
     "dra-driver": "kubegpu.dra.cli",
     "quota": "kubegpu.quota.cli",
     "gpu-guard": "kubegpu.guard.cli",
+    "place": "kubegpu.placement.cli",
+    "trace": "kubegpu.sim.trace.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it
 needs them all."""

@@ -18,8 +18,10 @@ MEM = "kubegpu.io/gpu-memory"
 
 def _cluster() -> MemoryCluster:
     cluster = MemoryCluster(VirtualClock(1000.0))
-    cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
-                    "status": {"allocatable": {MEM: "160Gi", "nvidia.com/gpu": "2"}}})
+    # two A100-80GB: 160Gi held, by GFD's labels; the advertised charge room is the catalog's largest per GPU
+    cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {
+                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "2"}},
+                    "status": {"allocatable": {MEM: "360Gi", "nvidia.com/gpu": "2"}}})
     return cluster
 
 

@@ -36,7 +36,7 @@ from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.core_v1 import Binding, ConfigMap, Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -52,8 +52,9 @@ from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
 DRAIN_WINDOW_S = 0.3
 _TYPED: dict[str, Any] = {
     "Node": Node, "Pod": Pod, "ConfigMap": ConfigMap, "Event": Event, "DaemonSet": DaemonSet, "Lease": Lease,
-    "PodDisruptionBudget": PodDisruptionBudget,
+    "PodDisruptionBudget": PodDisruptionBudget, "Binding": Binding,
 }
+_ANSWERED_WITH_STATUS = frozenset({"Binding"})
 _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": PatchType.STRATEGIC}
 
 
@@ -126,6 +127,9 @@ class LightkubeCluster(Cluster):
             metadata.pop("namespace", None)
         body["metadata"] = metadata
         name = metadata.get("name") or metadata.get("generateName", "")
+        if kind in _ANSWERED_WITH_STATUS:
+            return self.retry.call(lambda: self._post_for_status(kind, resource.from_dict(body), metadata, body),
+                                   _rejected_unprocessed)
         attempts = 0
 
         def once() -> dict[str, Any]:
@@ -142,6 +146,15 @@ class LightkubeCluster(Cluster):
                 raise
 
         return self.retry.call(once, is_transient if metadata.get("name") else _rejected_unprocessed)
+
+    def _post_for_status(self, kind: str, obj: Any, metadata: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """POST a create-only kind the server answers with a `Status` (a Binding): nothing to decode as the kind."""
+        generic = self.client._client
+        with _api_errors(f"create {kind} {metadata.get('name')}", self.client):
+            request = generic.prepare_request("post", obj=obj, namespace=metadata.get("namespace"))
+            request.response_type = None
+            generic.handle_response("post", generic.send(generic.build_adapter_request(request)), request)
+        return body
 
     def patch(
         self,

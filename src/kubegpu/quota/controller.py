@@ -30,7 +30,7 @@ from kubegpu.kube.leader import LeaderElector
 from kubegpu.quota.api import KIND, parse_elastic_quota
 from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
 from kubegpu.scheduling import QUOTA_GATE, is_finished, parse_quantity, pod_requests
-from kubegpu.sharing.charges import quantity_of_bytes
+from kubegpu.sharing.charges import node_gpus_bytes, quantity_of_bytes
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 log = logging.getLogger("kubegpu.quota")
@@ -73,18 +73,10 @@ def team_quota(obj: Mapping[str, Any]) -> TeamQuota:
 
 
 def cluster_capacity(nodes: list[dict[str, Any]]) -> float:
-    """The `kubegpu.io/gpu-memory` the cluster's schedulable nodes advertise."""
-    total = 0.0
-    for node in nodes:
-        if (node.get("spec") or {}).get("unschedulable"):
-            continue
-        value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_MEMORY_RESOURCE)
-        if value is not None:
-            try:
-                total += parse_quantity(value)
-            except KubegpuError:
-                continue
-    return total
+    """What the GPUs of the cluster's schedulable nodes hold, by their GFD labels (`node_gpus_bytes`; the
+    `kubegpu.io/gpu-memory` they advertise leaves room for the largest charge per GPU, more than pinned pods use)."""
+    return float(sum(node_gpus_bytes((node.get("metadata") or {}).get("labels") or {}) for node in nodes
+                     if not (node.get("spec") or {}).get("unschedulable")))
 
 
 @dataclass
