@@ -1,6 +1,6 @@
 """Reliability as measured figures: kubelet restarts, kill -9 of every state writer, API faults, exporter under load.
 
-    python benchmarks/reliability.py [--quick] [--only restarts|kills|faults|exporter]
+    python benchmarks/reliability.py [--quick] [--only restarts|kills|faults|crashes|exporter]
 
 Each section prints its figures and a PASS/FAIL line against the bar of issue #18:
 
@@ -17,6 +17,9 @@ Each section prints its figures and a PASS/FAIL line against the bar of issue #1
   in front of the emulated API server, until ≥ 1,000 faults (quick 150): concurrent read-modify-write controllers
   (lost and doubled updates), NodeClaim creation per decision (duplicates), the partition agent following plans
   (plans applied twice). Bar: all zero.
+- autoscaler crashes: the autoscaler killed after each write of a consolidation and of a termination on the kwok
+  provider (tests/reliability/test_crash_points.py; the AWS-on-moto runs are in that test), a fresh replica taking
+  over; counted after its passes settle: orphan taints, stuck NodeClaims, leaked instances, pods lost. Bar: all zero.
 - exporter: a forked exporter process (8 simulated GPUs) under 50 concurrent scrapers for 30 s (quick 5 s) plus
   200 idle connections; p50/p99/max latency, errors, RSS growth of the exporter process. Bar: p99 < 50 ms,
   errors 0, RSS growth < 10 MiB.
@@ -432,18 +435,41 @@ def exporter_load(seconds: float, scrapers: int = 50, idle: int = 200, interval:
             f"p99 {p99:.1f} ms < 50, errors {errors} = 0, RSS growth {growth:.1f} MiB < 10")
 
 
+def autoscaler_crashes() -> None:
+    print("== autoscaler killed at every write (kwok provider)")
+    from tests.reliability.crashes import category
+    from tests.reliability.test_crash_points import SCENARIOS, kwok_profile, run
+
+    counts = dict.fromkeys(("orphan taints", "stuck NodeClaims", "leaked instances", "pods lost"), 0)
+    points = 0
+    started = time.monotonic()
+    for scenario in SCENARIOS:
+        profile = kwok_profile()
+        world, _ = run(scenario, profile, None)
+        for crash_at in range(1, len(world.writes.log) + 1):
+            crashed, _ = run(scenario, profile, crash_at)
+            points += 1
+            for problem in crashed.problems(profile.instances):
+                counts[category(problem)] += 1
+    print(f"  {points} crash points in {time.monotonic() - started:.1f} s: "
+          + ", ".join(f"{name} {n}" for name, n in counts.items()))
+    verdict("crashes", points >= 20 and not any(counts.values()), f"{points} points ≥ 20, every count 0")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts, a 5 s load test")
-    parser.add_argument("--only", choices=["restarts", "kills", "faults", "exporter"], action="append")
+    parser.add_argument("--only", choices=["restarts", "kills", "faults", "crashes", "exporter"], action="append")
     args = parser.parse_args()
-    only = set(args.only or ["restarts", "kills", "faults", "exporter"])
+    only = set(args.only or ["restarts", "kills", "faults", "crashes", "exporter"])
     if "restarts" in only:
         kubelet_restarts(30 if args.quick else 200)
     if "kills" in only:
         kill_writers(60 if args.quick else 510)
     if "faults" in only:
         api_faults(150 if args.quick else 1000)
+    if "crashes" in only:
+        autoscaler_crashes()
     if "exporter" in only:
         exporter_load(5.0 if args.quick else 30.0)
     failed = [name for name, ok in RESULTS if not ok]

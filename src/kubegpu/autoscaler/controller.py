@@ -9,8 +9,11 @@ others.
 
 Every pass reads the cluster from memory: `ClusterState` wraps the cluster in informers (listed once, then
 watched). With a `LeaderElector` (the command always has one) only the holder of the `kubegpu-autoscaler` Lease
-acts, so several replicas can run: two acting at once would each buy a node for the same pending pods. What a
-leader leaves half done — NodeClaims being deleted, replacements under way — is in the API for the next one.
+acts, so several replicas can run: two acting at once would each buy a node for the same pending pods. Every write
+(to the cluster and the provider's create and delete) goes through the elector's fence (`kube.leader`), so a stage
+that is still running when the Lease is lost stops at its next write instead of acting as a second leader.
+What a leader leaves half done is recorded in the API before it is done (`recovery.py`), and every pass — a new
+leader's first among them — finishes or undoes it.
 
 The cloud is a `CloudProvider` the controller is handed (`provider.py`: the simulated one; `aws/`: EC2); what a
 provider must also do on a schedule it hands in as `upkeep` tasks.
@@ -30,8 +33,10 @@ from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed
 from kubegpu.autoscaler.disruption import Disruption
 from kubegpu.autoscaler.lifecycle import Lifecycle
 from kubegpu.autoscaler.provisioner import Provisioner
+from kubegpu.autoscaler.recovery import Recovery
 from kubegpu.autoscaler.termination import Termination
 from kubegpu.kube.informer import cache_trusted
+from kubegpu.kube.leader import Fence, FencedCluster, fenced, guard
 from kubegpu.metrics import AutoscalerMetrics
 
 if TYPE_CHECKING:
@@ -72,12 +77,16 @@ class Autoscaler:
         opts = options or Options()
         self.elector = elector  # None: act on every pass (one replica, tests, the simulator)
         self.upkeep = list(upkeep)
-        self.cluster = informed(cluster, [k for task in self.upkeep for k in task.kinds])
+        fence = Fence(elector, clock) if elector is not None else None
+        self.fence = guard(fence)   # what a write that bypasses the cluster and the provider checks first
+        store = FencedCluster(cluster, fence) if fence is not None else cluster
+        self.cluster = informed(store, [k for task in self.upkeep for k in task.kinds])
         self.state = ClusterState(self.cluster, clock, 2 * opts.batch_max)
-        self.provider = provider
         attach = getattr(provider, "attach", None)
         if attach is not None and getattr(provider, "cluster", None) is cluster:
             attach(self.cluster)   # the kwok provider's Node reads come from the informers, not a GET each pass
+        self.provider = fenced(provider, fence, ("create", "delete")) if fence is not None else provider
+        provider = self.provider
         self.clock = clock
         self.options = opts
         self.log = log or (lambda _line: None)
@@ -91,6 +100,7 @@ class Autoscaler:
         self.provisioner.terminate = self.termination.start
         self.disruption = Disruption(self.cluster, provider, self.provisioner, self.termination, clock,
                                      opts.validation_delay, opts.replacement_timeout, self.log)
+        self.recovery = Recovery(self.cluster, self.termination, self.log)
         self.metrics = AutoscalerMetrics()
         self.cluster.register_metrics(self.metrics.registry, "autoscaler")  # kubegpu_informer_synced
         for component in (self.provisioner, self.termination, self.lifecycle, self.disruption):
@@ -119,6 +129,7 @@ class Autoscaler:
     def _core(self) -> None:
         """Lifecycle, then provisioning and disruption on a fresh read (lifecycle's writes are in it)."""
         snapshot = self.state.snapshot()
+        self._stage("recovery", lambda: self.recovery.reconcile(snapshot))
         self._stage("lifecycle", lambda: self.lifecycle.reconcile(snapshot.nodeclaims, snapshot.nodes))
         snapshot = self.state.snapshot()
         self._stage("provisioning", lambda: self.provisioner.reconcile(snapshot))
@@ -164,6 +175,8 @@ class Autoscaler:
             ("provider", self._tick), ("core", self._core), ("termination", self._terminate),
             *((task.name, lambda task=task: task.run(self)) for task in self.upkeep)]  # type: ignore[misc]
         leading = asyncio.Event()
+        # renewed well within the fence's deadline, so a short --lease-duration does not close it between renewals
+        renew_every = min(interval, self.elector.renew_deadline / 2) if self.elector is not None else interval
 
         async def elect() -> None:
             while not stop.is_set():
@@ -174,7 +187,7 @@ class Autoscaler:
                     is_leader = False
                 (leading.set if is_leader else leading.clear)()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=interval)
+                    await asyncio.wait_for(stop.wait(), timeout=renew_every)
 
         async def group(name: str, work: Callable[[], object], pool: ThreadPoolExecutor) -> None:
             while not stop.is_set():

@@ -5,20 +5,23 @@ first that finds something acts in a pass. A decision waits `validation_delay` (
 candidates' pods changed meanwhile. A replacement (a strictly cheaper node for one or more candidates) is launched
 first; the candidates are deleted only once it is Initialized, and it is rolled back (deleted, candidates
 untainted) if that takes longer than `replacement_timeout`.
+
+Commands are carried out by `commands.Orchestrator`, recorded in the API before they act, so a new leader finishes
+or undoes whatever a previous one left (`recovery.py`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, parse_duration, template_hash
 from kubegpu.autoscaler.cluster_state import Snapshot
+from kubegpu.autoscaler.commands import Command, Orchestrator
 from kubegpu.autoscaler.objects import (
     condition,
     created_at,
@@ -30,7 +33,7 @@ from kubegpu.autoscaler.objects import (
 )
 from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, SchedulingResult
-from kubegpu.autoscaler.termination import eviction_blocker, taint_node
+from kubegpu.autoscaler.termination import eviction_blocker
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.provider import CloudProvider
@@ -61,59 +64,6 @@ class Candidate:
     @property
     def name(self) -> str:
         return name_of(self.claim)
-
-
-@dataclass
-class Command:
-    reason: str                       # Empty | Underutilized | Drifted
-    candidates: list[Candidate]
-    replacements: list[ClaimPlan] = field(default_factory=list)
-    decided_at: float = 0.0
-    replacement_names: list[str] = field(default_factory=list)
-    launched_at: float = 0.0
-
-    def describe(self) -> str:
-        names = ", ".join(c.name for c in self.candidates)
-        if not self.replacements:
-            return f"delete {names} ({self.reason})"
-        types = ", ".join(p.instance_type for p in self.replacements)
-        price = sum(p.price for p in self.replacements)
-        return f"replace {names} with {types} at {price:.4f}/h ({self.reason})"
-
-
-@dataclass
-class InFlight:
-    """A replacement under way, as read back from the API: the candidates' `kubegpu.io/disruption` annotation
-    names the replacement NodeClaims, so a replica that becomes leader finishes (or rolls back) what another began."""
-
-    reason: str
-    claims: list[dict[str, Any]]
-    replacement_names: list[str]
-    launched_at: float
-
-    def describe(self) -> str:
-        names = ", ".join(name_of(c) for c in self.claims)
-        return f"replace {names} with {', '.join(self.replacement_names)} ({self.reason})"
-
-
-def in_flight_commands(nodeclaims: Sequence[dict[str, Any]]) -> list[InFlight]:
-    """The replacements under way, grouped by the annotation the candidates share."""
-    groups: dict[str, InFlight] = {}
-    for claim in nodeclaims:
-        meta = claim.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(DISRUPTION_ANNOTATION)
-        if not raw or meta.get("deletionTimestamp"):
-            continue
-        try:
-            data = json.loads(raw)
-            entry = groups.get(raw) or InFlight(str(data["reason"]), [], [str(n) for n in data["replacements"]],
-                                                float(data["launchedAt"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # not ours to read: left alone
-        groups[raw] = entry
-        entry.claims.append(claim)
-    return list(groups.values())
-
 
 
 def not_safe_to_move(pod: dict[str, Any], pool: NodePool) -> str | None:
@@ -157,26 +107,25 @@ class Disruption:
         self.replacement_timeout = replacement_timeout
         self.log = log or (lambda _line: None)
         self.pending: Command | None = None
-        self.in_flight: list[InFlight] = []   # read back from the API every pass (see `InFlight`)
+        self.orchestrator = Orchestrator(cluster, provisioner, termination, clock, replacement_timeout, self.log)
         self._pod_signature: dict[str, tuple[str, float]] = {}
         self._pool_memo: dict[int, tuple[NodePool, str, Requirements]] = {}
         self._pods_seen: dict[str, list[dict[str, Any]]] = {}   # node → its pods as the last pass read them
-        self.executed: list[Command] = []
         self.metrics: AutoscalerMetrics | None = None
 
     # -- the pass ---------------------------------------------------------------------------------------------
     def reconcile(self, snapshot: Snapshot) -> Command | None:
         now = self.clock.now()
         self._track_pod_events(snapshot, now)
-        self._progress_replacements(snapshot, now)
-        if self.in_flight:
+        self.orchestrator.progress(snapshot, now)
+        if self.orchestrator.in_flight:
             return None
         if self.pending is not None:
             if now < self.pending.decided_at + self.validation_delay:
                 return None
             waiting, self.pending = self.pending, None
             if self._still_valid(waiting, snapshot):
-                self._execute(waiting, snapshot)
+                self.orchestrator.execute(waiting, snapshot)
                 return waiting
             self.log(f"disruption: abandoned {waiting.describe()}: pods changed during validation")
             return None
@@ -185,7 +134,7 @@ class Disruption:
             return None
         command.decided_at = now
         if self.validation_delay <= 0:
-            self._execute(command, snapshot)
+            self.orchestrator.execute(command, snapshot)
             return command
         self.pending = command
         return None
@@ -288,7 +237,7 @@ class Disruption:
         return hit[1], hit[2]
 
     def _in_command(self, name: str) -> bool:
-        if any(name_of(c) == name for cmd in self.in_flight for c in cmd.claims):
+        if any(name_of(c) == name for cmd in self.orchestrator.in_flight for c in cmd.claims):
             return True
         return self.pending is not None and any(c.name == name for c in self.pending.candidates)
 
@@ -441,46 +390,3 @@ class Disruption:
             if now is None or sorted(map(name_of, now.pods)) != sorted(map(name_of, cand.pods)):
                 return False
         return True
-
-    def _execute(self, command: Command, snapshot: Snapshot) -> None:
-        self.log(f"disruption: {command.describe()}")
-        self.executed.append(command)
-        for cand in command.candidates:
-            taint_node(self.cluster, name_of(cand.node), True)
-        if not command.replacements:
-            for cand in command.candidates:
-                self.termination.start(cand.claim, command.reason.lower())
-            return
-        pools = {p.name: p for p in snapshot.pools}
-        command.replacement_names = [name_of(self.provisioner.create_claim(plan, pools[plan.nodepool]))
-                                     for plan in command.replacements]
-        command.launched_at = self.clock.now()
-        note = json.dumps({"reason": command.reason, "replacements": command.replacement_names,
-                           "launchedAt": command.launched_at}, sort_keys=True)
-        for cand in command.candidates:   # the command lives in the API from here on
-            self.cluster.patch("NodeClaim", cand.name, {"metadata": {"annotations": {DISRUPTION_ANNOTATION: note}}})
-        self.in_flight.append(InFlight(command.reason, [c.claim for c in command.candidates],
-                                       command.replacement_names, command.launched_at))
-
-    def _progress_replacements(self, snapshot: Snapshot, now: float) -> None:
-        claims = {name_of(c): c for c in snapshot.nodeclaims}
-        self.in_flight = in_flight_commands(snapshot.nodeclaims)
-        for command in list(self.in_flight):
-            replacements = [claims.get(n) for n in command.replacement_names]
-            if all(r is not None and is_true(r, "Initialized") for r in replacements):
-                for claim in command.claims:
-                    self.termination.start(claim, command.reason.lower())
-                self.in_flight.remove(command)
-            elif now >= command.launched_at + self.replacement_timeout or any(
-                    r is None or self.termination.is_terminating(r) for r in replacements):
-                self.log(f"disruption: rolling back {command.describe()}: replacement not initialized")
-                for claim in command.claims:
-                    node_name = (claim.get("status") or {}).get("nodeName")
-                    if node_name:
-                        taint_node(self.cluster, node_name, False)
-                    self.cluster.patch("NodeClaim", name_of(claim),
-                                       {"metadata": {"annotations": {DISRUPTION_ANNOTATION: None}}})
-                for r in replacements:
-                    if r is not None:
-                        self.termination.start(r, "rollback")
-                self.in_flight.remove(command)

@@ -8,9 +8,11 @@ only itself: each caller's step catches and logs its own errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from kubegpu.errors import KubegpuError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -24,3 +26,19 @@ def each_at_once(step: Callable[[T], R], items: Iterable[T], parallelism: int) -
         return [step(item) for item in todo]
     with ThreadPoolExecutor(max_workers=min(parallelism, len(todo))) as pool:
         return list(pool.map(step, todo))
+
+
+def each_write(writes: Sequence[tuple[str, Callable[[], object]]], parallelism: int,
+               failed: Callable[[str, KubegpuError], None]) -> list[bool]:
+    """Each (object name, write), up to `parallelism` at a time; whether each went through (`failed` hears of the
+    others, which the caller retries next pass)."""
+    def attempt(item: tuple[str, Callable[[], object]]) -> bool:
+        name, write = item
+        try:
+            write()
+            return True
+        except KubegpuError as exc:
+            failed(name, exc)
+            return False
+
+    return each_at_once(attempt, writes, parallelism)

@@ -7,6 +7,13 @@ NodePool's MIG config applied; after the registration delay `tick()` marks the n
 plugin's `allocatable` for those GPUs once the node is registered too (see `tick`). That is the path a real GPU node
 takes, so the NodeClaim lifecycle sees the same sequence (Launched → Registered → Initialized only once
 `nvidia.com/*` is allocatable).
+
+Its "cloud" is the Nodes themselves, so it confirms rather than assumes: an instance exists while its Node does and is
+not being deleted, whatever this process remembers. After a restart (or a failover to another replica) it rebuilds
+its instances from the Nodes it finds (`kwok://` providerIDs), so a NodeClaim's instance never "confirms gone" while
+its Node runs. A launch is idempotent: the Node's name derives from the NodeClaim's uid, so a launch retried after a
+crash finds the Node the first one made instead of making a second. `delete` deletes the Node and writes no
+finalizer: those belong to whoever put them there (termination removes its own).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.clock import Clock
 from kubegpu.discovery.agent import discover_gpu_memory
 from kubegpu.errors import KubegpuError, NotFoundError
+from kubegpu.kube import Conflict, NotFound
 from kubegpu.scheduling.quantity import format_quantity
 from kubegpu.sharing.capacity import backend_allocatable, sharing_of, simulated_gpu_backend
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
@@ -115,6 +123,11 @@ class _Instance:
     published: bool = False   # the device plugin has published the GPUs (the node was registered)
 
 
+def _ready(node: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
+
+
 class InstanceListing:
     """What the simulated providers share: the instances they launched, keyed by providerID, listed through `get`.
     Nothing they launch ever drifts from its NodePool's provider-side settings."""
@@ -144,13 +157,15 @@ class SimulatedProvider(InstanceListing):
 
     def __init__(self, cluster: Cluster, instance_types: Sequence[InstanceType], clock: Clock,
                  registration_delay: float = 30.0, parallelism: int = 1) -> None:
-        self.cluster = cluster
+        self.cluster = cluster   # writes: the cloud's own (its Nodes), not a leader's, so never behind a fence
+        self.reader = cluster    # reads: the autoscaler's informers once attached
         self.types = list(instance_types)
         self.clock = clock
         self.registration_delay = registration_delay
         self.parallelism = max(1, parallelism)   # nodes a tick updates at a time (the command: 16, as launches)
         self.instances: dict[str, _Instance] = {}
         self._fresh: dict[str, dict[str, Any]] = {}   # providerID → the Node as created, until the lifecycle takes it
+        self._adopted = False   # the instances a previous process launched are rebuilt from the Nodes once
         self.create_calls = 0
 
     def instance_types(self, nodepool: NodePool) -> builtins.list[InstanceType]:
@@ -164,7 +179,9 @@ class SimulatedProvider(InstanceListing):
         sharing = sharing_of(labels, annotations, f"NodeClaim {meta['name']}: metadata")
         it, offering = launch_choice(self.types, nodeclaim, lambda t: sharing_capacity(sharing, t))
         self.create_calls += 1
-        digest = hashlib.sha1(f"{meta['name']}/{self.create_calls}".encode()).hexdigest()[:5]
+        # the claim's uid (or, for a claim the API server has not seen, a count) names the Node: a launch retried
+        # after a crash gets the same name and finds the Node the first attempt made
+        digest = hashlib.sha1(f"{meta['name']}/{meta.get('uid') or self.create_calls}".encode()).hexdigest()[:5]
         # the name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters
         node_name = f"kwok-{meta['name'][:63 - len('kwok--') - len(digest)]}-{digest}"
         provider_id = f"kwok://{node_name}"
@@ -184,7 +201,14 @@ class SimulatedProvider(InstanceListing):
             "status": {"capacity": quantities(capacity), "allocatable": quantities(allocatable),
                        **(READY_STATUS if ready else NOT_READY_STATUS)},
         }
-        self._fresh[provider_id] = self.cluster.create(node)
+        try:
+            self._fresh[provider_id] = self.cluster.create(node)
+        except Conflict:   # launched before, by a process that died before recording it: the same instance
+            existing = self.reader.get("Node", node_name)
+            if (existing.get("spec") or {}).get("providerID") != provider_id or \
+                    (existing.get("metadata") or {}).get("deletionTimestamp"):
+                raise
+            ready = _ready(existing)
         self.instances[provider_id] = _Instance(node_name, provider_id, meta["name"], self.clock.now(), backend,
                                                 labels, annotations, ready=ready)
         full = sharing_capacity(sharing, it)
@@ -196,6 +220,59 @@ class SimulatedProvider(InstanceListing):
         result["status"] = status
         return result
 
+    def _rebuild(self, node: dict[str, Any]) -> _Instance | None:
+        """The instance behind a kwok Node this process did not launch (a previous leader did), from the Node."""
+        meta = node.get("metadata") or {}
+        provider_id = str((node.get("spec") or {}).get("providerID") or "")
+        labels = dict(meta.get("labels") or {})
+        if not provider_id.startswith("kwok://") or labels.get(L.SIMULATED_NODE_LABEL) != "true" or \
+                meta.get("deletionTimestamp"):
+            return None
+        annotations = dict(meta.get("annotations") or {})
+        it = next((t for t in self.types if t.name == labels.get(L.INSTANCE_TYPE_LABEL)), None)
+        backend = None
+        if it is not None and it.gpu_model and it.gpu_count:
+            sharing = sharing_of(labels, annotations, f"node {meta.get('name')}")
+            backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config)
+        published = _ready(node) and not has_taint(node, L.UNREGISTERED_TAINT) and (backend is None or any(
+            k.startswith("nvidia.com/") for k in ((node.get("status") or {}).get("allocatable") or {})))
+        inst = _Instance(str(meta.get("name")), provider_id, labels.get(L.NODECLAIM_LABEL, ""),
+                         self.clock.now() - self.registration_delay, backend, labels, annotations,
+                         ready=_ready(node), published=published)
+        return self.instances.setdefault(provider_id, inst)
+
+    def _adopt(self) -> None:
+        """Rebuild, once per process, every instance a previous one launched (their Nodes are all there is)."""
+        if self._adopted:
+            return
+        for node in self.reader.list("Node", label_selector=f"{L.SIMULATED_NODE_LABEL}=true"):
+            provider_id = (node.get("spec") or {}).get("providerID")
+            if provider_id and provider_id not in self.instances:
+                self._rebuild(node)
+        self._adopted = True
+
+    def _instance(self, provider_id: str) -> _Instance | None:
+        """The running instance behind `provider_id`: the Node, read now, decides (not this process's memory)."""
+        node_name = provider_id.removeprefix("kwok://") if provider_id.startswith("kwok://") else ""
+        if not node_name:
+            return None
+        try:
+            node = self.reader.get("Node", node_name)
+        except NotFound:
+            self._forget(provider_id)
+            return None
+        if (node.get("spec") or {}).get("providerID") != provider_id or \
+                (node.get("metadata") or {}).get("deletionTimestamp"):
+            self._forget(provider_id)   # its Node is going: the instance is terminated
+            return None
+        return self.instances.get(provider_id) or self._rebuild(node)
+
+    def _forget(self, provider_id: str) -> None:
+        inst = self.instances.pop(provider_id, None)
+        self._fresh.pop(provider_id, None)
+        if inst is not None and inst.backend is not None:
+            inst.backend.close()
+
     def tick(self) -> None:
         """Once the registration delay has passed, the kubelet reports Ready; the device plugin publishes the GPUs
         only once the node is registered as well (no `kubegpu.io/unregistered` taint), as on a real node, where the
@@ -204,6 +281,7 @@ class SimulatedProvider(InstanceListing):
         waited for, kube-scheduler would bind the pod at once, and kube-controller-manager's taint-eviction
         controller, whose Node informer can lag its Pod informer, could delete the pod as if the taint were still
         there (kubernetes#119862)."""
+        self._adopt()
         now = self.clock.now()
         due = [inst for inst in list(self.instances.values())   # launches (other threads of `run`) add meanwhile
                if not inst.published and now >= inst.created + self.registration_delay]
@@ -215,14 +293,16 @@ class SimulatedProvider(InstanceListing):
         return self._fresh.pop(provider_id, None)
 
     def attach(self, cluster: Cluster) -> None:
-        """Read and write through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a
-        tick then reads each waiting Node from the informer's cache instead of GETting it from the API server every
-        pass, and a created Node is in the next pass's snapshot even before its watch event arrives."""
-        self.cluster = cluster
+        """Read through the autoscaler's informed view of the same cluster (`Autoscaler` calls this): a tick then
+        reads each waiting Node from the informer's cache instead of GETting it from the API server every pass.
+        Writes stay on the plain cluster: they are the cloud's (a kubelet's status, an instance's Node), and which
+        replica may make the provider act at all is fenced where it calls `create` and `delete`, so replicas that
+        share this provider, as they share a cloud, each act only while they lead."""
+        self.reader = cluster
 
     def _tick_one(self, inst: _Instance) -> None:
         try:
-            node = self.cluster.get("Node", inst.node_name)
+            node = self.reader.get("Node", inst.node_name)
         except KubegpuError:
             return
         status: dict[str, Any] = {}
@@ -246,28 +326,29 @@ class SimulatedProvider(InstanceListing):
         inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
-        provider_id = (nodeclaim.get("status") or {}).get("providerID")
-        inst = self.instances.pop(provider_id, None) if provider_id else None
-        self._fresh.pop(provider_id or "", None)
+        """Terminate the instance: delete its Node. Finalizers on the Node are not ours to remove (termination
+        removes its own once it sees the instance gone); errors other than "already gone" are the caller's to
+        retry."""
+        provider_id = (nodeclaim.get("status") or {}).get("providerID") or ""
+        inst = self._instance(provider_id)
         if inst is None:
             raise NodeClaimNotFoundError(f"nodeclaim {nodeclaim['metadata']['name']}: instance already gone")
-        try:
-            node = self.cluster.get("Node", inst.node_name)
-            if (node.get("metadata") or {}).get("finalizers"):
-                self.cluster.patch("Node", inst.node_name, {"metadata": {"finalizers": None}})
+        with contextlib.suppress(NotFound):
             self.cluster.delete("Node", inst.node_name)
-        except KubegpuError:
-            pass
         if inst.backend is not None:
             with contextlib.suppress(KubegpuError):   # owned by the Node: the garbage collector takes any left
                 remove_node_slices(self.cluster, inst.node_name, inst.backend)
-            inst.backend.close()
+        self._forget(provider_id)
 
     def get(self, provider_id: str) -> dict[str, Any]:
-        inst = self.instances.get(provider_id)
+        inst = self._instance(provider_id)
         if inst is None:
             raise NodeClaimNotFoundError(f"instance {provider_id} not found")
-        return self.cluster.get("Node", inst.node_name)
+        return self.reader.get("Node", inst.node_name)
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        self._adopt()
+        return super().list()
 
     def backend_for(self, node_name: str) -> GpuBackend | None:
         for inst in self.instances.values():

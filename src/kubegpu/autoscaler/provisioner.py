@@ -16,7 +16,7 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, template_hash
 from kubegpu.autoscaler.claims import DraWorld, uses_claims
 from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed, take_snapshot
-from kubegpu.autoscaler.fanout import each_at_once
+from kubegpu.autoscaler.fanout import each_at_once, each_write
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.objects import (
@@ -27,10 +27,10 @@ from kubegpu.autoscaler.objects import (
     name_of,
 )
 from kubegpu.autoscaler.pool_status import PoolStatus
+from kubegpu.autoscaler.recovery import UNUSED, set_disrupted, unused_cordons
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
-from kubegpu.autoscaler.termination import taint_node
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
 from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
@@ -343,6 +343,10 @@ class Provisioner:
         live = [c for c in snapshot.nodeclaims if not self.state.is_deleting(c)]
         shapes = pod_shapes(pending)
         on = snapshot.pods_on
+        for name, node_name in unused_cordons(live, snapshot.nodes).items():   # a previous leader's cordons: taken
+            if name not in self._cordoned:   # over as laid now, unused since a grace ago (terminated or uncordoned)
+                self._cordoned[name] = (node_name, now)
+                self.surplus.since.setdefault(name, now - self.surplus.grace)
         surplus = self.surplus.update(live, on, needed, now)
         live_names = {name_of(c) for c in live}
         uncordon: list[tuple[str, str]] = []
@@ -369,11 +373,13 @@ class Provisioner:
                     continue
             terminate.append(claim)
         # the decisions above are this pass's; the writes go out together (a burst ends with hundreds unused)
-        lifted = self._each_write([(name, partial(taint_node, self.cluster, node, False)) for name, node in uncordon])
+        lifted = self._each_write([(name, partial(set_disrupted, self.cluster, node, False, UNUSED))
+                                   for name, node in uncordon])
         for (name, node_name), done in zip(uncordon, lifted, strict=True):
             if not done:
                 self._cordoned[name] = (node_name, now)   # still cordoned: try again next pass
-        laid = self._each_write([(name, partial(taint_node, self.cluster, node, True)) for name, node in cordon])
+        laid = self._each_write([(name, partial(set_disrupted, self.cluster, node, True, UNUSED))
+                                 for name, node in cordon])
         for (name, node_name), done in zip(cordon, laid, strict=True):
             if done:
                 self._cordoned[name] = (node_name, now)
@@ -384,17 +390,8 @@ class Provisioner:
                     self._cordoned.pop(name_of(claim), None)
 
     def _each_write(self, writes: Sequence[tuple[str, Callable[[], object]]]) -> list[bool]:
-        """Each claim's write, up to `parallelism` at a time; whether each went through (a failure is logged)."""
-        def attempt(item: tuple[str, Callable[[], object]]) -> bool:
-            claim, write = item
-            try:
-                write()
-                return True
-            except KubegpuError as exc:
-                self.log(f"nodeclaim {claim}: cannot let the unused claim go: {exc}")
-                return False
-
-        return each_at_once(attempt, writes, self.parallelism)
+        return each_write(writes, self.parallelism,
+                          lambda claim, exc: self.log(f"nodeclaim {claim}: cannot let the unused claim go: {exc}"))
 
     def schedule(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]],
                  exclude_nodes: set[str] = frozenset(),  # type: ignore[assignment]
@@ -428,9 +425,10 @@ class Provisioner:
             result.existing.setdefault(name, []).extend(pods)
         return result
 
-    def create_claim(self, plan: ClaimPlan, pool: NodePool) -> dict[str, Any]:
-        """Create the NodeClaim (the API server names it from `generateName`) and nominate the plan's pods to it."""
-        claim = nodeclaim_object(plan, pool, f"{pool.name}-", self.clock.now())
+    def create_claim(self, plan: ClaimPlan, pool: NodePool, name: str | None = None) -> dict[str, Any]:
+        """Create the NodeClaim and nominate the plan's pods to it. The API server names it from `generateName`
+        unless the caller recorded a `name` for it first (disruption's replacements)."""
+        claim = nodeclaim_object(plan, pool, name or f"{pool.name}-", self.clock.now())
         created = self.cluster.create(claim)
         self.state.nominate(name_of(created), (pod_key(p) for p in plan.pods), self.clock.now())
         if self.metrics is not None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.objects import condition, do_not_disrupt, is_reschedulable, name_of
+from kubegpu.autoscaler.pending import prepare_pod, repels
 from kubegpu.autoscaler.scheduler import pod_key
 from kubegpu.kube import parse_timestamp
 from kubegpu.scheduling import NodeInfo, fits, node_info
@@ -62,12 +63,28 @@ def keep_nominated(infos: Sequence[NodeInfo], pending: Sequence[dict[str, Any]],
     rest: list[dict[str, Any]] = []
     for pod in pending:
         info = by_name.get(target_of.get(pod_key(pod), ""))
-        if info is not None and fits(pod, info).ok:
+        if info is not None and fits(pod, info).ok and not _repelled(pod, info.pods):
             info.add_pod(pod)
             kept.setdefault(info.name, []).append(pod)
         else:
             rest.append(pod)
     return kept, rest
+
+
+def _repelled(pod: dict[str, Any], there: Sequence[dict[str, Any]]) -> bool:
+    """Required hostname anti-affinity, either way, between `pod` and a pod already on the node: a nomination that
+    kube-scheduler can no longer honour (a pod it repels landed there meanwhile) is planned again, not kept."""
+    mine = prepare_pod(pod) if _anti_affinity(pod) else None
+    for other in there:
+        if mine is not None and repels(mine, other):
+            return True
+        if _anti_affinity(other) and repels(prepare_pod(other), pod):
+            return True
+    return False
+
+
+def _anti_affinity(pod: Mapping[str, Any]) -> bool:
+    return bool(((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity"))
 
 
 def replacements_under_way(nodeclaims: Iterable[Mapping[str, Any]]) -> set[str]:

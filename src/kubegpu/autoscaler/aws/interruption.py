@@ -23,7 +23,7 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.clients import call
 from kubegpu.autoscaler.aws.launch import parse_provider_id
 from kubegpu.autoscaler.objects import is_daemon_pod, is_reschedulable, name_of
-from kubegpu.autoscaler.termination import taint_node
+from kubegpu.autoscaler.recovery import INTERRUPTION, set_disrupted
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import parse_json_text
 from kubegpu.kube.eviction import evict
@@ -151,8 +151,8 @@ class InterruptionHandler:
                     self._mark(name, event.kind)   # the instance is gone: nothing is worth holding for
                 continue
             node_name = (claim.get("status") or {}).get("nodeName")
-            if node_name:
-                taint_node(self.cluster, node_name, True)
+            if node_name:   # with its reason: the message, deleted only once handled, is the record
+                set_disrupted(self.cluster, node_name, True, INTERRUPTION)
             self._replace(claim, snapshot)
             if event.kind != REBALANCE:
                 self._mark(name, event.kind)

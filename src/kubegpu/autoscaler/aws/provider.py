@@ -6,6 +6,13 @@ reservations first, then spot if the claim allows it, then on-demand. Offerings 
 insufficient capacity go into the unavailable-offerings cache (3 min) and the next-cheapest remaining offerings
 are tried. providerID `aws:///<zone>/<instance-id>`; delete = TerminateInstances; get/list = DescribeInstances on
 our tags; `garbage_collect` terminates tagged instances that no NodeClaim owns.
+
+Confirm, never assume: EC2's reads are eventually consistent, and DescribeInstances answers
+`InvalidInstanceID.NotFound` for an instance RunInstances/CreateFleet started moments ago. Within
+`consistency_window` (5 min) of its launch, NotFound (or a providerID that does not parse) is "not known yet"
+(`InstanceNotYetKnownError`, which termination retries with backoff), never "gone", so no finalizer is removed while
+the instance may run. Past the window NotFound is believed: an instance that exists after all carries our tags and
+no NodeClaim, and the garbage collection sweep terminates it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from kubegpu.autoscaler.aws.launch import (
 from kubegpu.autoscaler.aws.nodeclass import EC2NodeClass
 from kubegpu.autoscaler.aws.resolve import DEFAULT_K8S_VERSION, SSM_PREFIX, ready_message, resolve
 from kubegpu.autoscaler.instancetypes import InstanceType
+from kubegpu.autoscaler.objects import condition, created_at, parse_timestamp
 from kubegpu.autoscaler.provider import InsufficientCapacityError, NodeClaimNotFoundError, quantities
 from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.errors import KubegpuError
@@ -48,6 +56,7 @@ if TYPE_CHECKING:
 
 NODECLASS_REFRESH = 60.0     # Karpenter re-resolves AMIs and subnets every minute
 GC_MIN_AGE = 30.0            # an instance younger than this may still be getting its NodeClaim written
+CONSISTENCY_WINDOW = 300.0   # how long after a launch EC2 may still answer NotFound for the instance
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 _TYPE_KEYS = frozenset({L.INSTANCE_TYPE_LABEL, L.ARCH_LABEL, L.OS_LABEL, L.INSTANCE_FAMILY_LABEL,
                         L.INSTANCE_SIZE_LABEL, L.INSTANCE_CPU_LABEL, L.INSTANCE_MEMORY_LABEL,
@@ -58,6 +67,10 @@ _OFFERING_KEYS = frozenset({L.ZONE_LABEL, L.CAPACITY_TYPE_LABEL, A.CAPACITY_TYPE
 
 class NodeClassNotReadyError(KubegpuError):
     """The NodeClaim's EC2NodeClass is unknown or does not resolve (no subnets, security groups or AMIs)."""
+
+
+class InstanceNotYetKnownError(KubegpuError):
+    """EC2 does not show the instance (yet): within the consistency window that says nothing; ask again later."""
 
 
 def type_matches(reqs: Requirements, labels: Mapping[str, str]) -> bool:
@@ -84,14 +97,27 @@ def ami_for(nodeclass: EC2NodeClass, labels: Mapping[str, str]) -> str | None:
     return None
 
 
+def fleet_placement(response: Mapping[str, Any], nodeclass: EC2NodeClass) -> tuple[str, str]:
+    """(instance type, zone) of the instance an instant fleet launched, from the override that launched it."""
+    zones = {s.id: s.zone for s in nodeclass.status.subnets}
+    for group in response.get("Instances") or []:
+        if group.get("InstanceIds"):
+            overrides = (group.get("LaunchTemplateAndOverrides") or {}).get("Overrides") or {}
+            zone = overrides.get("AvailabilityZone") or zones.get(str(overrides.get("SubnetId") or ""), "")
+            return str(group.get("InstanceType") or overrides.get("InstanceType") or ""), str(zone)
+    return "", ""
+
+
 class AwsProvider:
     name = "aws"
 
     def __init__(self, clients: AwsClients, cluster_name: str, nodeclasses: Mapping[str, EC2NodeClass],
                  clock: Clock, *, type_patterns: Iterable[str] = (), use_pricing_api: bool = True,
                  ssm_prefix: str = SSM_PREFIX, k8s_version: str = DEFAULT_K8S_VERSION,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, consistency_window: float = CONSISTENCY_WINDOW) -> None:
         self.clients = clients
+        self.consistency_window = consistency_window
+        self._launch_times: dict[str, float] = {}   # instance id → when this process launched it
         self.cluster_name = cluster_name
         self.nodeclasses = dict(nodeclasses)
         self.clock = clock
@@ -228,7 +254,8 @@ class AwsProvider:
                     failed.add((err.instance_type, err.zone))
             got = launched(response)
             if got is not None:
-                return self._launched(nodeclaim, nodeclass, got[0], kind)
+                self._launch_times[got[0]] = self.clock.now()
+                return self._launched(nodeclaim, nodeclass, got[0], kind, response)
             # nothing launched: drop what was tried (ICE'd or not), fall back to the next offerings
             tried = {(c.instance_type, c.zone, c.capacity_type) for c in batch}
             remaining = [c for c in remaining if (c.instance_type, c.zone, c.capacity_type) not in tried]
@@ -249,10 +276,13 @@ class AwsProvider:
         return None
 
     def _launched(self, nodeclaim: dict[str, Any], nodeclass: EC2NodeClass, instance_id: str,
-                  kind: str) -> dict[str, Any]:
+                  kind: str, response: Mapping[str, Any]) -> dict[str, Any]:
+        """The NodeClaim as launched. DescribeInstances may not show the instance yet: then its type and zone
+        come from the fleet's answer (which override launched it), never from a guess."""
         inst = self._describe(instance_id) or {}
-        name = str(inst.get("InstanceType") or "")
-        zone = str((inst.get("Placement") or {}).get("AvailabilityZone") or "")
+        placed = fleet_placement(response, nodeclass)
+        name = str(inst.get("InstanceType") or placed[0])
+        zone = str((inst.get("Placement") or {}).get("AvailabilityZone") or placed[1])
         lifecycle = "spot" if inst.get("InstanceLifecycle") == "spot" else kind
         it = next((t for t in self.types.list(nodeclass) if t.name == name), None)
         if it is None:
@@ -275,15 +305,29 @@ class AwsProvider:
         return result
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
+        """TerminateInstances; NodeClaimNotFoundError only once EC2 confirms the instance gone (module doc)."""
         pid = (nodeclaim.get("status") or {}).get("providerID") or ""
         parsed = parse_provider_id(pid)
         name = (nodeclaim.get("metadata") or {}).get("name", "?")
         inst = self._describe(parsed[1]) if parsed else None
         state = ((inst or {}).get("State") or {}).get("Name")
-        if parsed is None or inst is None or state == "terminated":
+        if inst is None or state == "terminated":
+            if state != "terminated" and self._young(nodeclaim, parsed[1] if parsed else ""):
+                raise InstanceNotYetKnownError(f"nodeclaim {name}: instance {pid or '?'} not known to EC2 yet "
+                                               f"(launched within {self.consistency_window:.0f}s); asking again")
             raise NodeClaimNotFoundError(f"nodeclaim {name}: instance {pid or '?'} already gone")
         if state != "shutting-down":
-            call(self.clients.ec2, "terminate_instances", InstanceIds=[parsed[1]])
+            call(self.clients.ec2, "terminate_instances", InstanceIds=[inst["InstanceId"]])
+
+    def _young(self, nodeclaim: Mapping[str, Any] | None, instance_id: str) -> bool:
+        """Launched within the consistency window: by this process's record of the launch, else by the NodeClaim's
+        Launched condition (or its creation, which comes earlier, when it has none)."""
+        now = self.clock.now()
+        at = self._launch_times.get(instance_id)
+        if at is None and nodeclaim is not None:
+            launched_at = parse_timestamp((condition(nodeclaim, "Launched") or {}).get("lastTransitionTime"))
+            at = launched_at if launched_at is not None else created_at(nodeclaim)
+        return at is not None and now - at < self.consistency_window
 
     def _as_claim(self, inst: Mapping[str, Any]) -> dict[str, Any]:
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags") or []}
@@ -306,6 +350,8 @@ class AwsProvider:
     def get(self, provider_id: str) -> dict[str, Any]:
         parsed = parse_provider_id(provider_id)
         inst = self._describe(parsed[1]) if parsed else None
+        if inst is None and parsed is not None and self._young(None, parsed[1]):
+            raise InstanceNotYetKnownError(f"instance {provider_id} not known to EC2 yet; asking again")
         if inst is None or (inst.get("State") or {}).get("Name") == "terminated":
             raise NodeClaimNotFoundError(f"instance {provider_id} not found")
         return self._as_claim(inst)

@@ -12,13 +12,16 @@ stage of the controller (`kubegpu.autoscaler.controller.Upkeep`), so a slow or f
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.interruption import InterruptionHandler
 from kubegpu.autoscaler.aws.nodeclass import KIND, PLURAL, EC2NodeClass, parse_ec2nodeclass
 from kubegpu.autoscaler.controller import Autoscaler, Options, Upkeep
 from kubegpu.autoscaler.objects import name_of
+from kubegpu.autoscaler.recovery import update_fresh
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import NotFound
 
@@ -33,7 +36,6 @@ GC_FAST, GC_SLOW, GC_FAST_PASSES = 10.0, 120.0, 20
 
 def register_kind() -> None:
     """Let the cluster interface read and write EC2NodeClass objects."""
-    from kubegpu.autoscaler import labels as L
     from kubegpu.kube.resources import ResourceKind
     from kubegpu.kube.resources import register_kind as register
 
@@ -119,15 +121,24 @@ class GarbageCollection:
         self._runs += 1
         snapshot = scaler.state.snapshot()
         known = {(c.get("status") or {}).get("providerID") for c in snapshot.nodeclaims}
+        scaler.fence("garbage collection")   # it terminates instances: a leader's act
         gone = self.aws.garbage_collect(p for p in known if p)
         for node in snapshot.nodes.values():
             pid = (node.get("spec") or {}).get("providerID") or ""
             if any(pid.endswith(f"/{i}") for i in gone):
-                with_finalizer = (node.get("metadata") or {}).get("finalizers")
-                scaler.cluster.delete("Node", name_of(node))
-                if with_finalizer:  # its instance is gone and no NodeClaim's termination will release it
-                    scaler.cluster.patch("Node", name_of(node), {"metadata": {"finalizers": None}})
+                with contextlib.suppress(NotFound):
+                    scaler.cluster.delete("Node", name_of(node))
+                    # its instance is gone and no NodeClaim's termination will release it: our finalizer goes,
+                    # anyone else's stays (a precondition on a fresh read keeps one added meanwhile)
+                    update_fresh(scaler.cluster, "Node", name_of(node), _without_ours)
         return gone
+
+
+def _without_ours(node: dict[str, Any]) -> dict[str, Any] | None:
+    finalizers = (node.get("metadata") or {}).get("finalizers") or []
+    if L.TERMINATION_FINALIZER not in finalizers:
+        return None
+    return {"metadata": {"finalizers": [f for f in finalizers if f != L.TERMINATION_FINALIZER] or None}}
 
 
 def aws_upkeep(provider: AwsProvider, clock: Clock, *, interruption_queue: str | None = None,
