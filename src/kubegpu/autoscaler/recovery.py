@@ -18,8 +18,8 @@ is judged on fresh reads of the Node and the NodeClaim, never on the informers' 
 separately (the taint may arrive before the record that explains it). Disruption's own records are finished or
 rolled back by disruption itself (`Disruption._progress`), surplus cordons by the provisioner, which adopts them.
 
-Writes of the taint list carry the resourceVersion of a fresh read and are retried on 409 from a new read, so a taint
-another controller added meanwhile is never dropped.
+Writes of the taint list go through `kubegpu.kube.retry.update_with_retry` (the resourceVersion of a fresh read,
+read again on 409), so a taint another controller added meanwhile is never dropped.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.objects import has_taint, name_of
 from kubegpu.autoscaler.termination import REASON_ANNOTATION
 from kubegpu.errors import KubegpuError
-from kubegpu.kube import Conflict, NotFound
+from kubegpu.kube import NotFound
+from kubegpu.kube.retry import update_with_retry
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.cluster_state import Snapshot
@@ -50,27 +51,6 @@ def fresh(cluster: Cluster) -> Cluster:
     """The store behind an informed cluster: a read from it is the API server's current object, not the cache's."""
     store = getattr(cluster, "store", None)
     return store if store is not None else cluster
-
-
-def update_fresh(cluster: Cluster, kind: str, name: str,
-                 mutate: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Read `kind/name` from the API server, let `mutate` turn it into a merge patch (None: nothing to do), send it
-    with the resourceVersion read (through `cluster`, so the write is fenced and its answer cached), and on 409 read
-    again. NotFound propagates."""
-    last: Conflict | None = None
-    for _ in range(WRITE_ATTEMPTS):
-        current = fresh(cluster).get(kind, name)
-        patch = mutate(current)
-        if patch is None:
-            return None
-        version = (current.get("metadata") or {}).get("resourceVersion")
-        body = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": version}}
-        try:
-            return cluster.patch(kind, name, body)
-        except Conflict as exc:
-            last = exc
-    assert last is not None
-    raise last
 
 
 def set_disrupted(cluster: Cluster, node_name: str, on: bool, reason: str | None = DISRUPTION) -> bool:
@@ -93,7 +73,7 @@ def set_disrupted(cluster: Cluster, node_name: str, on: bool, reason: str | None
                 "spec": {"taints": [*rest, dict(L.DISRUPTED_TAINT)] if on else rest}}
 
     try:
-        update_fresh(cluster, "Node", node_name, mutate)
+        update_with_retry(cluster, "Node", node_name, mutate, attempts=WRITE_ATTEMPTS)
     except NotFound:
         return False
     return True

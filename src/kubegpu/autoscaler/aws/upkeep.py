@@ -21,9 +21,9 @@ from kubegpu.autoscaler.aws.interruption import InterruptionHandler
 from kubegpu.autoscaler.aws.nodeclass import KIND, PLURAL, EC2NodeClass, parse_ec2nodeclass
 from kubegpu.autoscaler.controller import Autoscaler, Options, Upkeep
 from kubegpu.autoscaler.objects import name_of
-from kubegpu.autoscaler.recovery import update_fresh
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import NotFound
+from kubegpu.kube.retry import update_with_retry
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.aws.provider import AwsProvider
@@ -130,7 +130,7 @@ class GarbageCollection:
                     scaler.cluster.delete("Node", name_of(node))
                     # its instance is gone and no NodeClaim's termination will release it: our finalizer goes,
                     # anyone else's stays (a precondition on a fresh read keeps one added meanwhile)
-                    update_fresh(scaler.cluster, "Node", name_of(node), _without_ours)
+                    update_with_retry(scaler.cluster, "Node", name_of(node), _without_ours)
         return gone
 
 
