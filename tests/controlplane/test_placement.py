@@ -66,17 +66,26 @@ MANIFEST = ROOT / "deploy/kubernetes/dra/place.yaml"
 ACCOUNT_NAMESPACE = "kubegpu"
 
 
+def namespace_ready(admin: lightkube.Client) -> str | None:
+    """"created" or "existing" once the namespace takes new objects; None while an earlier test's deletion of it is
+    still terminating (the API server refuses new objects there until it is gone)."""
+    try:
+        admin.create(Namespace(metadata=ObjectMeta(name=ACCOUNT_NAMESPACE)))
+        return "created"
+    except lightkube.ApiError as exc:
+        if exc.status.code != 409:
+            raise
+    current = admin.get(Namespace, ACCOUNT_NAMESPACE)
+    phase = current.status.phase if current.status else None
+    return None if current.metadata.deletionTimestamp is not None or phase == "Terminating" else "existing"
+
+
 @pytest.fixture
 def place_account(real_cluster: RealCluster) -> Iterator[LightkubeCluster]:
     """The shipped ServiceAccount and RBAC of `kubegpu place` applied; a cluster client holding its token."""
     admin = real_cluster.client()
-    created_namespace = False
-    try:
-        admin.create(Namespace(metadata=ObjectMeta(name=ACCOUNT_NAMESPACE)))
-        created_namespace = True
-    except lightkube.ApiError as exc:
-        if exc.status.code != 409:
-            raise
+    created_namespace = wait_for(lambda: namespace_ready(admin), f"namespace {ACCOUNT_NAMESPACE} usable",
+                                 timeout=60) == "created"
     objects = [codecs.from_dict(d) for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] in (
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     for obj in objects:

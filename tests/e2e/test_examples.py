@@ -27,10 +27,11 @@ VALIDATED = {
 }
 PLAN_STATE = EXAMPLES / "plan-state.yaml"  # no validator kind: checked by running `kubegpu plan` on it
 REAL_NODE_PODS = EXAMPLES / "real-node-pods.yaml"  # Kubernetes objects: run on the real node (tests/node)
+FRACTIONAL = EXAMPLES / "fractional-gpu.yaml"  # Kubernetes objects: allocated in tests/dra/test_fractional.py
 
 
 def test_every_example_is_accounted_for() -> None:
-    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {*VALIDATED, PLAN_STATE.name, REAL_NODE_PODS.name}
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} == {*VALIDATED, PLAN_STATE.name, REAL_NODE_PODS.name, FRACTIONAL.name}
 
 
 def test_validate_config_accepts_every_example_as_its_kind() -> None:
