@@ -13,7 +13,7 @@ so a decision costs one node's worth of work once the cluster is warm.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -257,7 +257,9 @@ SCARCITY_WEIGHT = 3.0
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
-"""With no workload given, the popularity model is rebuilt from the requests seen after every this many."""
+"""With no workload given, the popularity model is rebuilt from the requests seen after every this many..."""
+REMEMBERED = 20_000
+"""... from the most recent this many (a long-running scheduler forgets old shapes and stays bounded)."""
 
 
 def node_scarcity(requests: Sequence[Request], state: ClusterState) -> FloatArray:
@@ -303,7 +305,8 @@ class KubegpuPolicy(_GradientPolicy):
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self._seen: list[Request] = []
+        self._seen: deque[Request] = deque(maxlen=REMEMBERED)
+        self._asked = 0
         self._scarcity: FloatArray = np.zeros(0)
 
     def _known(self) -> Sequence[Request]:
@@ -331,7 +334,8 @@ class KubegpuPolicy(_GradientPolicy):
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         if not self._context.workload:
             self._seen.append(request)
-            if len(self._seen) == 1 or len(self._seen) % RELEARN_EVERY == 0:
+            self._asked += 1
+            if self._asked == 1 or self._asked % RELEARN_EVERY == 0:
                 self._workload = None  # rebuild the target (and every cached score) from what was seen
         return super().choose(request, state)
 
