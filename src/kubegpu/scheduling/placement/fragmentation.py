@@ -254,6 +254,8 @@ KUBEGPU_SHAPES = 64
 """kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
 SCARCITY_WEIGHT = 3.0
 """Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
+FGD_STEP = 300.0
+"""Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
@@ -308,6 +310,7 @@ class KubegpuPolicy(_GradientPolicy):
         self._seen: deque[Request] = deque(maxlen=REMEMBERED)
         self._asked = 0
         self._scarcity: FloatArray = np.zeros(0)
+        self._fgd_workload: Workload | None = None
 
     def _known(self) -> Sequence[Request]:
         return self._context.workload or self._seen
@@ -317,14 +320,24 @@ class KubegpuPolicy(_GradientPolicy):
         counts = typical_shapes(requests, memory=True)
         kept = dict(sorted(counts.items(), key=lambda item: -item[1])[:KUBEGPU_SHAPES])
         self._scarcity = node_scarcity(requests, state)
+        self._fgd_workload = Workload.from_counts(typical_shapes(requests), state.model_names)
         return Workload.from_counts(kept, state.model_names)
 
     def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray,
                  nodes: IntArray) -> FloatArray:
+        """Two columns: FGD's measure (its own popular shapes) and kubegpu's (see the class)."""
+        assert self._fgd_workload is not None
         free = gpu.sum(axis=1)
-        return (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
+        ours = (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
                 + fragmentation(workload, cpu, memory, gpu, model)
                 - SCARCITY_WEIGHT * self._scarcity[nodes] * free)
+        return np.stack([fragmentation(self._fgd_workload, cpu, memory, gpu, model), ours], axis=1)
+
+    def _node_score(self, delta: FloatArray) -> FloatArray:
+        """FGD's integer score (sigmoid of its gradient, 0..100), each step worth `FGD_STEP` thousandths of
+        kubegpu's measure: among candidates FGD ranks alike, kubegpu's gradient decides."""
+        fgd = np.floor(100.0 / (1.0 + np.exp(delta[:, 0] / 1000.0)))
+        return np.asarray(fgd * FGD_STEP - delta[:, 1], dtype=np.float64)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
