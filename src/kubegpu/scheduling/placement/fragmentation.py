@@ -302,7 +302,8 @@ class KubegpuPolicy(_GradientPolicy):
       biggest nodes to the tasks only they can hold.
     - The popularity model is the expected workload when given, else learned from the requests seen so far and
       rebuilt every `RELEARN_EVERY` requests.
-    - The gradient is exact (not rounded to kube-scheduler's integer scores); ties go to the smallest node name.
+    - Candidates rank by FGD's integer score, each step worth `FGD_STEP` thousandths of kubegpu's measure (see
+      `_node_score`); ties go to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:
