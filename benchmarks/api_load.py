@@ -1,18 +1,27 @@
-"""Requests per minute the autoscaler and the partitioner send the real API server, idle and busy, before and after
-informers — read from the API server's own /metrics (`apiserver_request_total`, by verb), in one run.
+"""Requests per minute each cluster-side controller sends the real API server — the autoscaler, the partitioner, the
+quota controller and the operator — idle (and, at full size, the autoscaler and the partitioner busy), from the code
+before it read through informers and from this tree, in one run; read from the API server's own /metrics
+(`apiserver_request_total`, by verb).
 
     python benchmarks/api_load.py [--quick] [--window 30] [--before REF]
 
-Starts one control plane (binaries from `scripts/control-plane.sh build`), installs our CRDs and one GPU NodePool,
-then runs each command as its own process — `kubegpu autoscaler --interval 1` (kwok provider) and `kubegpu
-partitioner --interval 1` — once from the code before informers (`--before`, a git ref, exported into a temp
-directory and put first on PYTHONPATH; default: the parent of the commit that added `kubegpu/kube/informer.py`) and
-once from this tree. Each is measured over `--window` seconds after a warm-up in which it does its initial sync:
-- idle: no pods at all;
-- busy: a pending GPU pod created every half second (the autoscaler launches kwok nodes for them, kube-scheduler
-  binds them; the partitioner sees pending MIG pods).
-Printed per scenario: requests/min by verb net of the control plane's own traffic (a window with neither command
-running, same length, subtracted), and the after/before ratios. The goal: no LIST after the initial sync while idle.
+Starts one control plane (binaries from `scripts/control-plane.sh build`), installs our CRDs, one GPU NodePool and
+one ClusterPolicy, then runs each command as its own process — `kubegpu autoscaler --interval 1` (kwok provider),
+`kubegpu partitioner --interval 1`, `kubegpu quota controller --interval 2` and `kubegpu operator` — once from the
+code before and once from this tree. "Before" is, per controller, the parent of the commit that moved it onto
+informers (found in git history: the commit that added `kubegpu/kube/informer.py` for the autoscaler and the
+partitioner, the first to use it in `quota/controller.py` and `operator/controller.py` for the other two); its `src/`
+is exported into a temp directory with `git archive` and put first on PYTHONPATH. Exporting old commits, rather than
+keeping a "relist" mode in the controllers, keeps the product free of a mode nobody should run, and measures the
+code as it really was. `--before REF` uses one ref for all four instead.
+
+Each command is measured over `--window` seconds after a warm-up in which it does its initial sync:
+- idle: no pods at all (the operator with one ClusterPolicy and no GPU node);
+- busy (not with `--quick`): a pending GPU pod created every half second (the autoscaler launches kwok nodes for
+  them, kube-scheduler binds them; the partitioner sees pending MIG pods).
+Printed per scenario: requests/min by verb net of the control plane's own traffic (a window with no command
+running, same length, subtracted), LIST before and after, and the after/before ratio of all requests. The goal: no
+LIST after the initial sync from any idle controller — 0 in the `LIST after` column for all four.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -70,11 +80,40 @@ def export_tree(ref: str, into: Path) -> Path:
     return into / "src"
 
 
-def default_before() -> str:
-    out = subprocess.run(["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H", "--",
-                          "src/kubegpu/kube/informer.py"], check=True, capture_output=True, text=True).stdout.split()
+@dataclass(frozen=True)
+class Controller:
+    """One controller's command (`{lease}`: a fresh namespace per run for its Lease, `{id}`: its identity) and how
+    to find the code before it read through informers: the first commit that added `text` to `path` (None: that
+    added the file), whose parent is "before"."""
+
+    name: str
+    command: tuple[str, ...]
+    path: str
+    text: str | None = None
+    busy: dict[str, int] | None = None   # the extended resource the busy scenario's pending pods ask for
+
+
+CONTROLLERS = (
+    Controller("autoscaler", ("autoscaler", "--interval", "1", "--metrics-address", "", "--registration-delay", "1",
+                              "--lease-namespace", "{lease}", "--identity", "{id}"),
+               "src/kubegpu/kube/informer.py", busy={"nvidia.com/gpu": 1}),
+    Controller("partitioner", ("partitioner", "--interval", "1", "--batch-window-idle", "1",
+                               "--batch-window-timeout", "5", "--lease-namespace", "{lease}", "--identity", "{id}"),
+               "src/kubegpu/kube/informer.py", busy={"nvidia.com/mig-1g.10gb": 1}),
+    Controller("quota", ("quota", "controller", "--interval", "2", "--namespace", "{lease}"),
+               "src/kubegpu/quota/controller.py", "InformedCluster"),
+    Controller("operator", ("operator", "--namespace", "{lease}", "--metrics-address", ""),
+               "src/kubegpu/operator/controller.py", "def inform("),
+)
+
+
+def default_before(controller: Controller) -> str:
+    """The parent of the oldest commit that added `controller.text` to its path (or the path itself)."""
+    select = ["--diff-filter=A"] if controller.text is None else ["-S", controller.text]
+    out = subprocess.run(["git", "-C", str(ROOT), "log", *select, "--format=%H", "--", controller.path],
+                         check=True, capture_output=True, text=True).stdout.split()
     if not out:
-        raise KubegpuError("cannot find the commit that added kubegpu/kube/informer.py; pass --before REF")
+        raise KubegpuError(f"cannot find the commit that moved the {controller.name} onto informers; pass --before")
     return f"{out[-1]}^"
 
 
@@ -154,9 +193,9 @@ def net(rates: dict[str, float], baseline: dict[str, float]) -> dict[str, float]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--window", type=float, default=30.0, help="seconds measured per scenario")
-    parser.add_argument("--warmup", type=float, default=12.0, help="seconds for start-up and the initial sync")
-    parser.add_argument("--before", default=None, help="git ref of the code before informers")
-    parser.add_argument("--quick", action="store_true", help="10 s windows")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds for start-up and the initial sync")
+    parser.add_argument("--before", default=None, help="one git ref of the code before informers, for all four")
+    parser.add_argument("--quick", action="store_true", help="10 s windows, idle scenarios only")
     args = parser.parse_args(argv)
     window = 10.0 if args.quick else args.window
     missing = k8sbuild.missing_binaries()
@@ -166,16 +205,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="kubegpu-api-load-") as tmp:
         base = Path(tmp)
-        ref = args.before or default_before()
-        old_src = export_tree(ref, base / "before")
-        short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True,
-                               text=True).stdout.strip()
-        print(f"before: {ref} ({short}); after: this tree")
+        try:
+            before = {c.name: args.before or default_before(c) for c in CONTROLLERS}
+            trees: dict[str, Path] = {}
+            for ref in dict.fromkeys(before.values()):
+                trees[ref] = export_tree(ref, base / f"before-{len(trees)}")
+        except (KubegpuError, subprocess.CalledProcessError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for name, ref in before.items():
+            short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True,
+                                   text=True).stdout.strip()
+            print(f"{name:12s} before: {ref} ({short}); after: this tree")
         began = time.monotonic()
         try:
             plane = controlplane.up(base / "plane", nodes=0)
             print(f"control plane up in {time.monotonic() - began:.1f}s")
-            rows = run(RealCluster(plane), old_src, base, args.warmup, window)
+            rows = run(RealCluster(plane), {name: trees[ref] for name, ref in before.items()}, base, args.warmup,
+                       window, busy=not args.quick)
         except KubegpuError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -185,31 +232,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(real: RealCluster, old_src: Path, base: Path, warmup: float, window: float) -> list[tuple[str, Any, Any]]:
+def run(real: RealCluster, old_src: dict[str, Path], base: Path, warmup: float, window: float,
+        busy: bool = True) -> list[tuple[str, Any, Any]]:
     install_crds(real, sorted((ROOT / "deploy" / "crds").glob("*.yaml")))
     namespace = real.create_namespace("api-load")
     real.admin.create(nodepool(POOL, labels={"api-load": POOL}))
+    real.admin.create({"apiVersion": "kubegpu.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "api-load"},
+                       "spec": {"gfd": {"enabled": False}}})
     env = {**os.environ, **real.env()}
     here = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])}
-    there = {**env, "PYTHONPATH": os.pathsep.join([str(old_src), env.get("PYTHONPATH", "")])}
     baseline = measure(real, None, env, 0.0, window, None, base / "baseline.log")
     print(f"control plane alone: {sum(baseline.values()):.0f} requests/min")
-    commands = {
-        "autoscaler": ["autoscaler", "--interval", "1", "--metrics-address", "", "--registration-delay", "1"],
-        "partitioner": ["partitioner", "--interval", "1", "--batch-window-idle", "1", "--batch-window-timeout", "5"],
-    }
-    loads = {"autoscaler": {"nvidia.com/gpu": 1}, "partitioner": {"nvidia.com/mig-1g.10gb": 1}}
     rows: list[tuple[str, Any, Any]] = []
-    for component, flags in commands.items():
-        for busy in (False, True):
-            scenario = f"{component} {'busy' if busy else 'idle'}"
+    for controller in CONTROLLERS:
+        there = {**env, "PYTHONPATH": os.pathsep.join([str(old_src[controller.name]), env.get("PYTHONPATH", "")])}
+        for loaded in (False, True) if busy and controller.busy else (False,):
+            scenario = f"{controller.name} {'busy' if loaded else 'idle'}"
             results = []
             for label, pyenv in (("before", there), ("after", here)):
-                lease = real.create_namespace(f"lease-{component}")   # a fresh Lease: no wait for the last holder
-                command = [sys.executable, "-m", "kubegpu", *flags, "--lease-namespace", lease,
-                           "--identity", f"{label}-{component}"]
-                load = (lambda c=component: Load(real.admin, namespace, 0.5, loads[c])) if busy else None
-                rates = measure(real, command, pyenv, warmup, window, load, base / f"{label}-{scenario}.log")
+                lease = real.create_namespace(f"lease-{controller.name}")  # a fresh Lease: no wait for the last
+                identity = f"{label}-{controller.name}"
+                command = [sys.executable, "-m", "kubegpu",
+                           *(part.format(lease=lease, id=identity) for part in controller.command)]
+                load = (lambda c=controller: Load(real.admin, namespace, 0.5, c.busy or {})) if loaded else None
+                rates = measure(real, command, {**pyenv, "POD_NAME": identity}, warmup, window, load,
+                                base / f"{label}-{scenario}.log")
                 results.append(net(rates, baseline))
                 clean(real, namespace)
                 print(f"  {scenario:18s} {label:6s} " + " ".join(f"{v}={results[-1][v]:.0f}" for v in VERBS))
@@ -226,6 +273,10 @@ def report(rows: list[tuple[str, Any, Any]], window: float) -> None:
         ratio = f"{total_a / total_b:.3f}" if total_b else "-"
         print(f"{scenario:18s} {before['LIST']:11.0f} {after['LIST']:10.0f} {total_b:10.0f} {total_a:9.0f} "
               f"{ratio:>12s}")
+    idle = [(scenario, after["LIST"]) for scenario, _, after in rows if scenario.endswith(" idle")]
+    listing = [scenario.split()[0] for scenario, lists in idle if lists >= 0.5]
+    print(f"\nidle controllers still sending LIST: {', '.join(listing) if listing else 'none'} "
+          f"(goal: none of {len(idle)})")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.guard.agent import Guard
+from kubegpu.guard.agent import Guard, KillOutcome
 from kubegpu.guard.cli import DEFAULT_INTERVAL_S
 from kubegpu.guard.core import Policy
 from kubegpu.guard.procs import ProcReader
@@ -87,7 +87,7 @@ def latency(gpus: int, pods_per_gpu: int, trials: int, seed: int) -> list[float]
         stop = threading.Event()
         with FakePodResources(socket, assignments, allocatable=allocatable):
             guard = Guard(backend, cluster, NODE, PodResourcesClient(socket), evict, Policy(),
-                          proc=ProcReader(directory / "proc"), kill=lambda pid: None)
+                          proc=ProcReader(directory / "proc"), kill=lambda pid, still_ours: KillOutcome.NOT_OURS)
 
             def loop() -> None:
                 while not stop.is_set():

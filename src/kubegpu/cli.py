@@ -34,6 +34,7 @@ COMPONENT_CLIS = (
     "kubegpu.quota.cli",
     "kubegpu.guard.cli",
     "kubegpu.configmanager.cli",
+    "kubegpu.placement.cli",
     "kubegpu.sim.trace.cli",
 )
 
@@ -90,6 +91,7 @@ COMMAND_COMPONENTS = {
     "dra-driver": "kubegpu.dra.cli",
     "quota": "kubegpu.quota.cli",
     "gpu-guard": "kubegpu.guard.cli",
+    "place": "kubegpu.placement.cli",
     "trace": "kubegpu.sim.trace.cli",
 }
 """Which component owns each command. `validate-config` is not here: every component registers its file kinds, so it

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
+from aiohttp import web
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -268,10 +269,35 @@ class _GuardReadingCollector(Collector):
         yield from (share, used, processes, held, missing)
 
 
+# ---------------------------------------------------------------------------------------------- informers
+
+INFORMER_SYNCED = "kubegpu_informer_synced"
+
+
+class InformerCollector(Collector):
+    """`kubegpu_informer_synced{component,kind}`: 1 while a controller's cache of a kind is synced and its watch
+    healthy, 0 before the first list and while the watch has been broken longer than the informer's bound (the
+    controller skips its passes meanwhile). Read from `source` on every scrape."""
+
+    def __init__(self, component: str, source: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self.component, self.source = component, source
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(INFORMER_SYNCED, "1 while the controller's cache of the kind is synced and its "
+                                  "watch healthy; 0 while stale (the controller does not act on it)",
+                                  labels=["component", "kind"])
+        for kind, usable in self.source():
+            gauge.add_metric([self.component, kind], 1.0 if usable else 0.0)
+        yield gauge
+
+
 # ---------------------------------------------------------------------------------------------- serving
 
-def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address") -> int:
+def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: str = "--metrics-address",
+                  ready: Callable[[], bool] | None = None) -> int:
     """Serve `/metrics` on HOST:PORT from a daemon thread; returns the bound port (PORT 0 picks a free one).
+    With `ready`, `/readyz` answers 200 while it is true and 503 while not (a controller whose cache is stale), for
+    a readinessProbe.
 
     `:PORT` listens on every interface, as NVIDIA's `:9400` does, so Prometheus can scrape the pod IP. The server
     is kubegpu.endpoints' bounded one (timeouts, header limits, a connection cap, GET/HEAD only); prometheus_client's
@@ -281,8 +307,17 @@ def serve_metrics(address: str, registry: CollectorRegistry = REGISTRY, flag: st
     host, port = parse_listen_address(address, flag)
     # typed for web.Request, uses only what the low-level server's BaseRequest has (query, headers)
     handler = cast(Handler, make_aiohttp_handler(registry))
+    routes: dict[str, Handler] = {"/metrics": handler}
+    if ready is not None:
+        check = ready
+
+        async def readyz(_request: web.BaseRequest) -> web.StreamResponse:
+            ok = check()
+            return web.Response(status=200 if ok else 503, text="ok\n" if ok else "stale: not acting\n")
+
+        routes["/readyz"] = readyz
     try:
-        endpoint = serve({"/metrics": handler}, host, port, name="metrics-http", default=handler)
+        endpoint = serve(routes, host, port, name="metrics-http", default=handler)
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot listen on {address}: {exc.strerror or exc}") from None
     return endpoint.port

@@ -172,3 +172,30 @@ def test_autoscaler_durations_take_go_style_values() -> None:
     code, out = invoke("autoscaler", "--oneshot", "--interval", "1m30s", "--batch-idle-duration", "500ms",
                        "--lease-duration", "abc")
     assert code == 2 and "'--lease-duration'" in out
+
+
+def test_provision_plans_claim_pods_with_the_dra_file(tmp_path: Path) -> None:
+    """`--dra`: the templates the pods' claims name; the shipped DeviceClasses come with them."""
+    profile = "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
+    small = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": "small", "namespace": "default"},
+             "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                 "deviceClassName": "mig.nvidia.com",
+                 "selectors": [{"cel": {"expression": profile}}]}}]}}}}
+    pods = [pod(f"m{i}", spec={"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "small"}]})
+            for i in range(2)]
+    pools_path, pods_path = files(tmp_path, [nodepool("default")], pods)
+    dra_path = tmp_path / "dra.yaml"
+    dra_path.write_text(json.dumps(small))
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "--dra", str(dra_path),
+                          "-o", "json")
+    assert code == 0, out
+    [claim] = json.loads(out)["nodeclaims"]
+    assert claim["instanceType"] in ("p4de.24xlarge", "p5.48xlarge")   # GPUs with 3g.40gb placements
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "-o", "json")
+    assert code == 0, out   # without the file the template is unknown: said so, nothing bought
+    assert not json.loads(out)["nodeclaims"]
+    assert "resourceClaimTemplate small not found" in json.loads(out)["unschedulable"][0]["reason"]
+    dra_path.write_text(json.dumps({"kind": "Pod", "metadata": {"name": "x"}}))
+    code, out = provision("--nodepools", str(pools_path), "--pods", str(pods_path), "--dra", str(dra_path))
+    assert code != 0 and "expected one of DeviceClass" in out

@@ -148,8 +148,8 @@ def test_expiry_ignores_budgets_and_do_not_disrupt_but_drain_honours_pdb_until_g
     [claim] = h.claims()
     h.run(3600, step=60, bind=False)
     assert any("terminating (expired)" in line for line in h.lines)
-    assert "db" in pod_names(h)                       # the PDB holds the drain
-    assert any("pdb db allows no more disruptions" in line for line in h.lines)
+    assert "db" in pod_names(h)                       # do-not-disrupt (and the PDB) hold the drain
+    assert any("drain waits: pod default/db: pdb db: annotated do-not-disrupt" in line for line in h.lines)
     h.run(11 * 60, step=60, bind=False)               # terminationGracePeriod over: forced
     assert "db" not in pod_names(h)
     assert claim["metadata"]["name"] not in {c["metadata"]["name"] for c in h.claims()}

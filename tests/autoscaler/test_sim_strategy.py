@@ -85,3 +85,18 @@ def test_an_interrupted_spot_node_is_replaced_through_a_new_nodeclaim() -> None:
 def test_spot_interruptions_replay_the_same_for_a_seed() -> None:
     spot = {"perNodeHour": 0.5, "notice": "2m"}
     assert _spot_run(spot)[2].to_dict() == _spot_run(spot)[2].to_dict()
+
+
+def test_dra_dynamic_mig_buys_mig_capable_nodes_for_pods_the_allocator_places() -> None:
+    """`autoscaler:dra-dynamic-mig`: pods ask for MIG slices that only DRA serves (no node advertises them before a
+    claim cuts them), so without planning them as claims the autoscaler would buy nothing and they would wait."""
+    scenario = parse_scenario({**SCENARIO, "duration": "1h"}, "smoke.yaml")
+    ours = get_strategy("autoscaler:dra-dynamic-mig")
+    assert isinstance(ours, AutoscalerStrategy)
+    result = Simulation(scenario, ours, scenario_jobs(scenario)).run()
+    assert result.pods_completed > 0
+    nodes = [n for _, n, _ in ours.timeline]
+    assert max(nodes) >= 1
+    assert min(nodes[nodes.index(max(nodes)):]) < max(nodes)   # empty nodes given back
+    # MIG slices exist only on the A100 group (the L4 has no MIG): every node bought is an A100 node
+    assert all(abs(price - 27.45 * count) < 1e-6 for _, count, price in ours.timeline)

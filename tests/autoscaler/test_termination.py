@@ -179,3 +179,130 @@ def test_a_new_leader_finishes_a_disruption_replacement_the_old_one_started() ->
     assert types == ["cpu.4"], lines[-8:]
     assert old["metadata"]["name"] not in {c["metadata"]["name"] for c in h.claims()}
     assert h.cluster.get("Pod", "small", "default")["spec"].get("nodeName")
+
+
+class Recording:
+    """The store, with every Pod delete and eviction written down (what reaches the API, in order)."""
+
+    def __init__(self, cluster: MemoryCluster) -> None:
+        self.cluster, self.calls = cluster, []   # type: list[tuple[str, str]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cluster, name)
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
+        if kind == "Pod":
+            self.calls.append(("delete", name))
+        self.cluster.delete(kind, name, namespace)
+
+    def evict(self, namespace: str, name: str) -> None:
+        self.calls.append(("evict", name))
+        self.cluster.evict(namespace, name)
+
+
+def _recorded(**options: Any) -> tuple[Harness, MemoryCluster, Recording]:
+    store = MemoryCluster()
+    recording = Recording(store)
+    h = Harness(TYPES, registration_delay=5.0, cluster=recording, **options)
+    store.clock = h.clock   # deletionTimestamps on the harness's time
+    return h, store, recording
+
+
+def _spread(h: Harness, count: int, pdb: dict[str, Any] | None = None, **pod_meta: Any) -> list[dict[str, Any]]:
+    """`count` pods labelled app=w, one per node (3 of a node's 4 CPUs), under `pdb` (maxUnavailable 1)."""
+    h.add(nodepool("cpu"))
+    h.add(pdb or {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                  "metadata": {"name": "w", "namespace": "default"},
+                  "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "w"}}}})
+    for i in range(count):
+        h.add(pod(f"w{i}", cpu="3", metadata={"labels": {"app": "w"}, **pod_meta}))
+    h.run(40)
+    claims = h.claims()
+    assert len(claims) == count and all(c["status"].get("nodeName") for c in claims)
+    return claims
+
+
+def test_claims_draining_at_once_take_no_more_than_the_budget_allows() -> None:
+    """Four claims drain in parallel (16 workers) under one budget of maxUnavailable 1: a per-claim count of what
+    was spent would let each take its pod in the same pass; the Eviction API lets exactly one go."""
+    h, store, recording = _recorded(parallelism=16)
+    claims = _spread(h, 4)
+    for claim in claims:
+        store.delete("NodeClaim", claim["metadata"]["name"])
+    h.autoscaler.step()
+    assert len(store.list("Pod")) == 3
+    assert [c for c in recording.calls if c[0] == "delete"] == []   # never a delete: evictions only
+    assert sum(1 for c in recording.calls if c[0] == "evict") == 4   # each pod asked for; the server let one go
+    assert any("drain waits" in line and "pdb w:" in line for line in h.lines)
+    assert not h.autoscaler.termination._failures   # a 429 is a wait, not a failed termination
+
+
+def test_a_refused_eviction_backs_off_per_pod_and_the_drain_finishes_as_the_budget_frees() -> None:
+    h, store, recording = _recorded(parallelism=16)
+    claims = _spread(h, 2)
+    for claim in claims:
+        h.replicated[f"w{claims.index(claim)}"] = pod(f"w{claims.index(claim)}", cpu="3",
+                                                      metadata={"labels": {"app": "w"}})
+        store.delete("NodeClaim", claim["metadata"]["name"])
+    h.autoscaler.step()            # one pod evicted, the other refused
+    [left] = [p["metadata"]["name"] for p in store.list("Pod")]
+    assert sorted(name for _, name in recording.calls) == ["w0", "w1"]
+    recording.calls.clear()
+    h.autoscaler.step()            # no time passed: the refused pod waits out its own backoff, nothing is sent
+    assert recording.calls == []
+    h.clock.advance(0.6)
+    h.autoscaler.step()            # refused again (the evicted pod has no replacement yet): the backoff doubles
+    assert recording.calls == [("evict", left)]
+    h.clock.advance(0.6)
+    h.autoscaler.step()
+    assert recording.calls == [("evict", left)]   # 1 s now, not 0.5 s
+    h.run(60)                      # the ReplicaSet's replacement runs on a new node: the budget frees, the drain ends
+    assert {c["metadata"]["name"] for c in claims}.isdisjoint(c["metadata"]["name"] for c in h.claims())
+    assert all(kind == "evict" for kind, _ in recording.calls)   # and never a delete
+    assert not h.autoscaler.termination._failures
+
+
+def test_the_drain_does_not_modify_the_snapshot() -> None:
+    h = Harness(TYPES, registration_delay=5.0, parallelism=16)
+    claims = _spread(h, 3)
+    snapshot = h.autoscaler.state.snapshot()
+    pods_before = [p["metadata"]["name"] for p in snapshot.pods]
+    for claim in claims:
+        h.cluster.delete("NodeClaim", claim["metadata"]["name"])
+    snapshot = h.autoscaler.state.snapshot()
+    pods = list(snapshot.pods)
+    h.autoscaler.termination.reconcile(snapshot)
+    assert snapshot.pods == pods and [p["metadata"]["name"] for p in pods] == pods_before
+    assert len(h.cluster.list("Pod")) == 2   # the API server's budget let one go
+
+
+def test_do_not_disrupt_holds_the_drain_until_the_termination_grace_period_then_the_pod_is_deleted() -> None:
+    h, store, recording = _recorded()
+    h.add(nodepool("cpu", terminationGracePeriod="2m"))
+    h.add(pod("keep", cpu="3", metadata={"annotations": {"karpenter.sh/do-not-disrupt": "true"}}))
+    h.run(40)
+    [claim] = h.claims()
+    store.delete("NodeClaim", claim["metadata"]["name"])
+    h.run(100, bind=False)
+    assert [p["metadata"]["name"] for p in store.list("Pod")] == ["keep"]
+    assert recording.calls == []    # neither evicted nor deleted while within the grace period
+    assert any("drain waits: pod default/keep: annotated do-not-disrupt" in line for line in h.lines)
+    h.run(30, bind=False)
+    assert recording.calls == [("delete", "keep")]   # past terminationGracePeriod: the one bypass
+    assert not h.claims() and not h.nodes()
+
+
+def test_past_the_grace_period_a_pdb_no_longer_holds_the_drain() -> None:
+    h, store, recording = _recorded()
+    h.add(nodepool("cpu", terminationGracePeriod="1m"))
+    h.add({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "all", "namespace":
+           "default"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}})
+    h.add(pod("db", cpu="3", metadata={"labels": {"app": "db"}}))
+    h.run(40)
+    [claim] = h.claims()
+    store.delete("NodeClaim", claim["metadata"]["name"])
+    h.run(50, bind=False)
+    assert [p["metadata"]["name"] for p in store.list("Pod")] == ["db"]
+    assert {kind for kind, _ in recording.calls} == {"evict"}   # asked, refused, asked again: never deleted
+    h.run(20, bind=False)
+    assert recording.calls[-1] == ("delete", "db") and not h.claims()

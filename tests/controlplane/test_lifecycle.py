@@ -107,6 +107,7 @@ def test_kube_scheduler_runs_the_profiles_it_is_given(k8s_binaries: Path, tmp_pa
     bin-packing profile here). With MostAllocated scoring a GPU pod goes to the node already running one, where the
     default profile (LeastAllocated) would put it on the empty one."""
     from benchmarks.karpenter_e2e import SCHEDULER_PROFILES
+    from kubegpu.testing.schedview import wait_scheduler_sees_bound_pods
     from kubegpu.testing.session import wait_for
 
     plane = controlplane.up(tmp_path / "cp", nodes=2, bins=k8s_binaries,
@@ -122,6 +123,8 @@ def test_kube_scheduler_runs_the_profiles_it_is_given(k8s_binaries: Path, tmp_pa
                     "spec": {**spec, **({"nodeName": node} if node else {})}}
 
         cluster.create(gpu_pod("already-there", first))
+        # the scheduler scores by what its cache says a node runs: place the second pod only once it counts the first
+        wait_scheduler_sees_bound_pods(plane, cluster)
         cluster.create(gpu_pod("placed"))
         wait_for(lambda: bool(cluster.get("Pod", "placed", "default")["spec"].get("nodeName")),
                  "pod placed bound", 60.0)

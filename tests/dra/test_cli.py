@@ -136,3 +136,19 @@ def test_validate_config_knows_dra_objects(tmp_path: Path) -> None:
     result = runner.invoke(full, ["validate-config", str(bad)])
     assert result.exit_code == 1
     assert "spec.devices.requests[0].exactly.selectors[0].cel.expression" in result.output
+
+
+def test_fractional_slices_and_shares_through_the_cli(tmp_path: Path) -> None:
+    """`dra slices --fractional` publishes shared GPUs; `dra allocate` packs shares onto them and prints each share's
+    consumedCapacity and shareID."""
+    slices = slices_file(tmp_path, "--fractional")
+    share = {"name": "gpu", "exactly": {"deviceClassName": "fraction.gpu.kubegpu.io",
+                                        "capacity": {"requests": {"compute": "600"}}}}
+    claims = write_yaml(tmp_path / "claims.yaml", [claim(f"c{i}", share) for i in range(3)])
+    result = runner.invoke(app, ["dra", "allocate", "--slices", str(slices), "--claims", str(claims)])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    placed = [answer[f"default/c{i}"]["results"][0] for i in range(2)]
+    assert [(r["device"], r["consumedCapacity"]["compute"]) for r in placed] == [("gpu-0", "600"), ("gpu-1", "600")]
+    assert all(r["shareID"] for r in placed)
+    assert "unschedulable" in answer["default/c2"]  # 400 left on each GPU

@@ -49,7 +49,9 @@ NEEDS: dict[str, set[tuple[str, str, str]]] = {
     | {("kubegpu.io", "nodeclaims/status", "patch")}
     | {("kubegpu.io", "ec2nodeclasses", "list"), ("kubegpu.io", "ec2nodeclasses/status", "patch")}
     | {("apps", "daemonsets", "list"), ("policy", "poddisruptionbudgets", "list")} | EVENTS
-    | {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")},
+    | {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")}
+    | {("resource.k8s.io", kind, "list") for kind in ("deviceclasses", "resourceclaims", "resourceclaimtemplates")}
+    | {("resource.k8s.io", "resourceslices", verb) for verb in ("list", "create", "delete")},
 }
 
 

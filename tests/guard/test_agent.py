@@ -3,14 +3,14 @@ grace and reserve, MPS limits, shared DRA claims, and a restart in the middle of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kubegpu.gpu.simulated import SimulatedBackend
-from kubegpu.guard.agent import CONDITION_TYPE, Guard
+from kubegpu.guard.agent import CONDITION_TYPE, Guard, KillOutcome
 from kubegpu.guard.core import GuardAction, Policy
 from kubegpu.guard.procs import ProcReader
 from kubegpu.kube.memory import MemoryCluster
@@ -51,7 +51,14 @@ class Node:
     def guard(self, policy: Policy | None = None, **kwargs: Any) -> Guard:
         return Guard(self.backend, self.cluster, "sim-node", PodResourcesClient(self.socket), self.evictor,
                      policy or Policy(), kwargs.pop("metrics", GuardMetrics()), ProcReader(self.proc),
-                     kill=self.killed.append, **kwargs)
+                     kill=self.kill, **kwargs)
+
+    def kill(self, pid: int, still_ours: Callable[[], bool]) -> KillOutcome:
+        """The host killer's contract: the process's cgroup is asked again right before the signal."""
+        if not still_ours():
+            return KillOutcome.NOT_OURS
+        self.killed.append(pid)
+        return KillOutcome.KILLED
 
     def condition(self, name: str) -> dict[str, Any] | None:
         conditions = (self.cluster.get("Pod", name, "ml").get("status") or {}).get("conditions") or []

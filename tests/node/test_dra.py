@@ -18,10 +18,12 @@ from kubegpu.testing.nodepods import (
     delete_pod,
     pod_claims,
     probe_pod,
+    read_probe,
     running,
     start_probe,
     unique,
     until,
+    wait_phase,
 )
 
 DRIVER = "gpu.nvidia.com"
@@ -188,3 +190,116 @@ def test_an_mps_shared_claim_serves_two_pods(real_node: NodeSession, node_ns: st
         cluster.delete("ResourceClaim", "shared-mps", node_ns)
         until(lambda: not spec_files(real_node, uid), "the claim unprepared")
         until(lambda: not (mps_root / f"claim-{uid}").exists(), "the claim's MPS directories removed")
+
+
+def share_template(name: str, namespace: str, thousandths: int, gpu_uuid: str = "") -> dict[str, object]:
+    """A claim template for `thousandths` of a GPU (class fraction.gpu.kubegpu.io); of the one with this UUID if
+    given."""
+    selector = f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid}'" if gpu_uuid else None
+    template = claim_template(name, namespace, "fraction.gpu.kubegpu.io", selector=selector)
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {  # type: ignore[index]
+        "requests": {"compute": str(thousandths)}}
+    return template
+
+
+def test_fractional_shares_of_one_gpu_get_their_mps_limits(real_node: NodeSession, node_ns: str) -> None:
+    """`--fractional`: kube-scheduler packs 300 and 700 thousandths of one GPU into it (consumable capacity), each
+    pod runs with MPS limits in proportion (30 % / 70 % of the threads, the same share of the GPU's memory), and a
+    third share of 100 finds no room on that GPU."""
+    cluster = real_node.cluster
+    backend = SimulatedBackend(real_node.node.node_file)
+    gpu = backend.devices()[0]
+    mps_root = real_node.node.paths.directory / "mps-fraction"
+    with running(real_node.dra_driver("--fractional", "--mps-root", str(mps_root), name="dra-fraction")) as driver:
+        driver.wait_log("registered with the kubelet")
+        until(lambda: node_slices(real_node), "the driver's ResourceSlices")
+        seen = {}
+        for share in (300, 700):
+            cluster.create(share_template(f"share-{share}", node_ns, share, gpu.uuid))
+            pod = claim_pod(real_node, node_ns, f"share-{share}", f"share{share}")
+            seen[share] = (pod, start_probe(cluster, pod))
+        for share, (pod, result) in seen.items():
+            [claim] = pod_claims(pod, cluster)
+            [allocated] = claim["status"]["allocation"]["devices"]["results"]
+            assert allocated["device"] == f"gpu-{gpu.index}" and allocated["shareID"]
+            assert allocated["consumedCapacity"]["compute"] == str(share)
+            assert result.env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
+            assert result.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(share // 10)
+            assert result.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={gpu.memory_mib * share // 1000}M"
+        cluster.create(share_template("share-100", node_ns, 100, gpu.uuid))
+        third = claim_pod(real_node, node_ns, "share-100", "share100")
+        cluster.create(third)
+        name = third["metadata"]["name"]  # type: ignore[index]
+        message = until(lambda: real_node.real.unschedulable_message(name, node_ns), "kube-scheduler: no fit")
+        assert "claim" in message.lower() or "device" in message.lower(), message
+        uids = [pod_claims(pod, cluster)[0]["metadata"]["uid"] for pod, _ in seen.values()]
+        for pod, _ in seen.values():
+            delete_pod(cluster, pod["metadata"]["name"], node_ns)  # type: ignore[index]
+        delete_pod(cluster, name, node_ns)
+        for uid in uids:  # unprepared while the driver still runs (the kubelet waits on it to let the pods go)
+            until(lambda u=uid: not spec_files(real_node, u), "the share's claim unprepared")
+            assert not (mps_root / f"claim-{uid}").exists()
+
+
+def with_claims(pod: dict[str, object]) -> dict[str, object] | None:
+    """The pod once its template's claim is generated (named in its status)."""
+    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or [{}]  # type: ignore[attr-defined]
+    return pod if all(s.get("resourceClaimName") for s in statuses) else None
+
+
+def test_kubegpu_place_shares_are_prepared_by_the_kubelet(real_node: NodeSession, node_ns: str) -> None:
+    """`kubegpu place` (schedulerName: kubegpu) places two shares where the placement core predicts; the allocations
+    it writes are what the real kubelet prepares through the driver: each pod gets the GPU chosen for it and its
+    MPS limits."""
+    from kubegpu.kube.informer import InformedCluster
+    from kubegpu.placement.controller import KINDS, PlacementController
+    from kubegpu.placement.objects import build_state, inventory, pod_request
+    from kubegpu.scheduling.placement import choose, make_policy
+
+    cluster = real_node.cluster
+    backend = SimulatedBackend(real_node.node.node_file)
+    uuids = {f"gpu-{g.device_minor}": g.uuid for g in backend.devices()}
+    with running(real_node.dra_driver("--fractional", "--mps-root",
+                                      str(real_node.node.paths.directory / "mps-place"), name="dra-place")) as driver:
+        driver.wait_log("registered with the kubelet")
+        until(lambda: inventory(node_slices(real_node)) or None, "the driver's shared GPUs published")
+        informed = InformedCluster(real_node.real.cluster(), KINDS)
+        try:
+            controller = PlacementController(informed, make_policy("kubegpu"), lease_namespace=node_ns)
+            state = build_state(cluster.list("Node"), inventory(node_slices(real_node)), cluster.list("Pod"),
+                                cluster.list("ResourceClaim"))
+            predicted = make_policy("kubegpu")
+            pods = []
+            for share in (300, 700):
+                cluster.create(share_template(f"place-{share}", node_ns, share))
+                pod = claim_pod(real_node, node_ns, f"place-{share}", f"place{share}")
+                pod["spec"]["schedulerName"] = "kubegpu"  # type: ignore[index]
+                cluster.create(pod)
+                name = pod["metadata"]["name"]  # type: ignore[index]
+                current = until(lambda n=name: with_claims(cluster.get("Pod", n, node_ns)),
+                                f"pod {name}'s claim generated")
+                [claim] = pod_claims(current, cluster)
+                ask = pod_request(current, claim)
+                placement = choose(ask.request, state, predicted)
+                assert placement is not None
+                state.apply(ask.request, placement)
+
+                def bound(n: str = name) -> str | None:
+                    controller.tick(time.time())
+                    return (cluster.get("Pod", n, node_ns).get("spec") or {}).get("nodeName")
+
+                assert until(bound, f"pod {name} bound by kubegpu place") == "real-node-0"
+                pods.append((pod, share, f"gpu-{placement.gpus[0]}"))
+            for pod, share, device in pods:
+                name = pod["metadata"]["name"]  # type: ignore[index]
+                wait_phase(cluster, name, node_ns, ("Running",))
+                result = read_probe(cluster, name, node_ns)
+                [claim] = pod_claims(pod, cluster)
+                [allocated] = claim["status"]["allocation"]["devices"]["results"]
+                assert allocated["device"] == device  # where the placement core put it
+                assert result.env["NVIDIA_VISIBLE_DEVICES"] == uuids[device]
+                assert result.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(share // 10)
+            for pod, _, _ in pods:
+                delete_pod(cluster, pod["metadata"]["name"], node_ns)  # type: ignore[index]
+        finally:
+            informed.stop()

@@ -126,6 +126,95 @@ def test_the_guard_evicts_only_the_pod_over_its_share(real_node: NodeSession, no
     assert events and "evicting the pod" in events[0]["message"]
 
 
+def test_a_config_switch_keeps_the_share_pods_were_admitted_under(real_node: NodeSession, node_ns: str,
+                                                                  tmp_path: Path) -> None:
+    """Two pods admitted under 2 replicas a GPU (40 GiB each), the running device plugin switched to 4 (20 GiB), a
+    third pod admitted then: the early pod using 30000 MiB stays, the late one using 25000 MiB is evicted. The
+    device plugin recorded each share at Allocate, through the real kubelet; the guard reads that record."""
+    cluster = real_node.cluster
+    node_file = real_node.node.node_file
+    config, record = tmp_path / "device-plugin.yaml", tmp_path / "state" / "device-shares.json"
+
+    def sliced(replicas: int) -> None:
+        config.write_text(yaml.safe_dump({"version": "v1", "sharing": {"timeSlicing": {
+            "renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}}))
+
+    uuids = {g.uuid: g.index for g in SimulatedBackend(node_file).devices()}
+    gpus = len(uuids)
+    sliced(2)
+
+    def admit(name: str) -> tuple[int, int]:
+        cluster.create(probe_pod(name, node_ns, {SHARED: 1}, sleep=600))
+        wait_phase(cluster, name, node_ns, ("Running",))
+        env = until(lambda: probe_result(pod_log(cluster, name, node_ns)).env or None, f"{name}'s env")
+        uid = cluster.get("Pod", name, node_ns)["metadata"]["uid"]
+        return uuids[env["NVIDIA_VISIBLE_DEVICES"]], until(lambda: sleeper_pid(uid), f"the host PID of {name}")
+
+    try:
+        with running(real_node.device_plugin("--config", str(config), "--share-record-file", str(record))) as plugin:
+            plugin.wait_log("registered nvidia.com/gpu.shared")
+            wait_allocatable(cluster, SHARED, 2 * gpus)
+            early, quiet, late = unique("early"), unique("quiet"), unique("late")
+            placed = {name: admit(name) for name in (early, quiet)}
+            sliced(4)  # the running plugin follows its config file
+            plugin.wait_log("config reloaded")
+            wait_allocatable(cluster, SHARED, 4 * gpus)
+            placed[late] = admit(late)
+            for name, mib in ((early, 30000), (quiet, 12000), (late, 25000)):
+                gpu, pid = placed[name]
+                sim_node(real_node, "add-process", str(node_file), "--gpu", str(gpu), "--pid", str(pid),
+                         "--memory-mib", str(mib))
+            with running(real_node.gpu_guard("--share-record-file", str(record), "--log-level", "debug")) as guard:
+                guard.wait_log("guarding node")
+                until(lambda: f"evicted {node_ns}/{late}" in guard.log(), f"{late} evicted by the guard")
+                settle(1.5)  # a few more rounds: the early pod, over today's share only, stays
+                assert guard.log().count("evicted ") == 1, guard.log()[-2000:]
+                log = guard.log()  # each round's usage line: used/share per pod and GPU
+                assert f"{early} on {placed[early][0]}: 30000/40960 MiB" in log, log[-2000:]
+                assert f"{late} on {placed[late][0]}: 25000/20480 MiB" in log, log[-2000:]
+            pod = cluster.get("Pod", early, node_ns)
+            assert not pod["metadata"].get("deletionTimestamp") and pod["status"]["phase"] == "Running"
+    finally:
+        SimulatedBackend.create(node_file, real_node.node.gpus, node_name="real-node-0")  # fresh GPUs
+
+
+def test_kill_process_kills_the_offenders_own_process(real_node: NodeSession, node_ns: str, tmp_path: Path) -> None:
+    """`--action kill-process` on the real node: the offender's container process is pinned with a pidfd, its
+    cgroup read again, and killed through the pidfd; the neighbour's process on the same GPU lives on."""
+    cluster = real_node.cluster
+    node_file = real_node.node.node_file
+    config = tmp_path / "device-plugin.yaml"
+    config.write_text(yaml.safe_dump({"version": "v1", "sharing": {"timeSlicing": {
+        "renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}))
+    uuids = {g.uuid: g.index for g in SimulatedBackend(node_file).devices()}
+    try:
+        with running(real_node.device_plugin("--config", str(config))) as plugin:
+            plugin.wait_log("registered nvidia.com/gpu.shared")
+            wait_allocatable(cluster, SHARED, 4 * len(uuids))
+            offender, neighbour = unique("leaker"), unique("neighbour")
+            pid_of, uid_of = {}, {}
+            for name, mib in ((offender, 30000), (neighbour, 12000)):
+                cluster.create(probe_pod(name, node_ns, {SHARED: 1}, sleep=600))
+                wait_phase(cluster, name, node_ns, ("Running",))
+                env = until(lambda n=name: probe_result(pod_log(cluster, n, node_ns)).env or None, f"{name}'s env")
+                uid_of[name] = cluster.get("Pod", name, node_ns)["metadata"]["uid"]
+                pid_of[name] = until(lambda u=uid_of[name]: sleeper_pid(u), f"the host PID of {name}'s sleep")
+                sim_node(real_node, "add-process", str(node_file), "--gpu",
+                         str(uuids[env["NVIDIA_VISIBLE_DEVICES"]]), "--pid", str(pid_of[name]), "--memory-mib",
+                         str(mib))
+            with running(real_node.gpu_guard("--action", "kill-process")):
+                until(lambda: sleeper_pid(uid_of[offender]) is None, f"{offender}'s sleep killed")
+                settle(1.5)  # a few more rounds: the neighbour, within its share, keeps its process
+            assert sleeper_pid(uid_of[neighbour]) == pid_of[neighbour]
+            assert cluster.get("Pod", neighbour, node_ns)["status"]["phase"] == "Running"
+            wait_phase(cluster, offender, node_ns, ("Failed", "Succeeded"))  # its shell ends without its sleep
+    finally:
+        SimulatedBackend.create(node_file, real_node.node.gpus, node_name="real-node-0")  # fresh GPUs
+    events = [e["message"] for e in cluster.list("Event", node_ns) if e["involvedObject"]["name"] == offender
+              and e["reason"] == "GPUMemoryExceeded"]
+    assert any(f"killed process(es) {pid_of[offender]}" in m for m in events), events
+
+
 def _exists(cluster: Any, name: str, namespace: str) -> bool:
     from kubegpu.kube.errors import NotFound
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lightkube
 import yaml
@@ -15,6 +16,7 @@ from kubegpu.quota.manifests import REPO_DIR
 
 create_namespaced_resource("kubegpu.io", "v1", "ElasticQuota", "elasticquotas")
 FIELD_MANAGER = "kubegpu-test"
+T = TypeVar("T")
 
 
 def shipped(names: tuple[str, ...] = ("00", "10", "20", "30", "40")) -> list[dict[str, Any]]:
@@ -41,3 +43,12 @@ def remove_all(client: lightkube.Client, applied: list[Any], keep_kinds: tuple[s
             continue
         with contextlib.suppress(lightkube.ApiError):
             client.delete(type(obj), obj.metadata.name, namespace=getattr(obj.metadata, "namespace", None))
+
+
+def until_admitted(create: Callable[[], T]) -> T | None:
+    """`create()`, or None while the API server refuses it: policies just applied become active one by one (the
+    table guard may refuse a GPU pod before the charge policy sees its table), so a wait retries a refusal too."""
+    try:
+        return create()
+    except lightkube.ApiError:
+        return None

@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Pod, ResourceQuota
 from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.sharing.charges import pod_charge
 from kubegpu.testing.session import RealCluster, wait_for
-from tests.quota.apply import apply_all, remove_all, shipped
+from tests.quota.apply import apply_all, remove_all, shipped, until_admitted
 
 GIB = 1 << 30
 MEMORY = "kubegpu.io/gpu-memory"
@@ -54,11 +54,21 @@ def policy(real_cluster: RealCluster) -> Iterator[lightkube.Client]:
     client = real_cluster.client()
     applied = apply_all(client, shipped())
     probe = gpu_pod("default", {"nvidia.com/gpu": 1})
-    wait_for(lambda: stored_charge(create(client, probe, dry_run=True)), "the charge policy to be active", 60)
+    wait_for(lambda: stored_charge(until_admitted(lambda: create(client, probe, dry_run=True)) or {"spec": {
+        "containers": []}}), "the charge policy to be active", 60)
     try:
         yield client
     finally:
         remove_all(client, applied)
+
+
+def _expr(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": operator, **({"values": list(values)} if values else {})}
+
+
+def _required(expressions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}}
 
 
 KINDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -79,6 +89,28 @@ KINDS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("mig-me", {"nvidia.com/mig-1g.12gb.me": 1}, {}),
     ("mps-slice", {"nvidia.com/gpu-20gb": 1}, {}),
     ("mixed", {"nvidia.com/gpu-5gb": 1, "nvidia.com/mig-3g.40gb": 1, "cpu": "1"}, {}),
+    # pins through any label that names a GPU, with every operator of required node affinity
+    ("instance-type", {"nvidia.com/gpu": 1}, {"nodeSelector": {"node.kubernetes.io/instance-type": "p5e.48xlarge"}}),
+    ("karpenter-gpu-name", {"nvidia.com/gpu": 1}, {"nodeSelector": {"karpenter.k8s.aws/instance-gpu-name": "h200"}}),
+    ("selector-and-unknown-label", {"nvidia.com/gpu.shared": 2},
+     {"nodeSelector": {"karpenter.k8s.aws/instance-gpu-name": "l4", "team": "ml"}}),
+    ("affinity-gt-notin", {"nvidia.com/gpu": 1}, _required(
+        [_expr("nvidia.com/gpu.memory", "Gt", "100000"), _expr("nvidia.com/gpu.product", "NotIn", "NVIDIA-B200"),
+         _expr("topology.kubernetes.io/zone", "In", "us-east-1a")])),
+    ("affinity-lt", {"nvidia.com/gpu": 1}, _required([_expr("karpenter.k8s.aws/instance-gpu-memory", "Lt", "30000")])),
+    ("affinity-exists", {"nvidia.com/gpu": 1}, _required(
+        [_expr("karpenter.k8s.aws/instance-gpu-name", "Exists"),
+         _expr("node.kubernetes.io/instance-type", "In", "g6.xlarge", "p4d.24xlarge")])),
+    ("affinity-does-not-exist", {"nvidia.com/gpu": 1}, _required(
+        [_expr("karpenter.k8s.aws/instance-gpu-name", "DoesNotExist"),
+         _expr("nvidia.com/gpu.product", "In", "NVIDIA-L4", "NVIDIA-H200")])),
+    ("affinity-unknown-value", {"nvidia.com/gpu": 1}, _required(
+        [_expr("node.kubernetes.io/instance-type", "In", "a3-ultragpu-8g", "g6.xlarge")])),
+    ("selector-unknown-value", {"nvidia.com/gpu": 1}, {"nodeSelector": {
+        "karpenter.k8s.aws/instance-gpu-name": "l4", "node.kubernetes.io/instance-type": "g7.xlarge"}}),
+    ("affinity-fields-only", {"nvidia.com/gpu": 1}, {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}),
 ]
 
 
@@ -100,8 +132,9 @@ def test_init_and_several_containers_each_carry_their_own_charge(policy: lightku
     body["spec"]["initContainers"] = [{"name": "warm", "image": "busybox",
                                        "resources": {"requests": {"nvidia.com/gpu-10gb": 1},
                                                      "limits": {"nvidia.com/gpu-10gb": 1}}}]
+    # the replica of an unpinned GPU: a quarter of the catalog's largest (a B200)
     assert stored_charge(create(policy, body)) == {"warm": (10.0 * GIB,) * 2, "main": (20.0 * GIB,) * 2,
-                                                   "second": (20.0 * GIB,) * 2}
+                                                   "second": (45.0 * GIB,) * 2}
 
 
 def test_pods_without_gpus_are_left_alone(policy: lightkube.Client, namespace: str) -> None:
@@ -127,6 +160,9 @@ def _quota(client: lightkube.Client, namespace: str) -> None:
         f"requests.{MEMORY}"), "the ResourceQuota's status.hard", 60)
 
 
+A100_80 = {"nodeSelector": {"node.kubernetes.io/instance-type": "p4de.24xlarge"}}
+"""The mixes' pods pin an A100-80GB (an unpinned whole GPU or replica pays the catalog's largest, a B200)."""
+
 MIXES = {
     "one-whole-gpu": [{"nvidia.com/gpu": 1}],
     "eight-1g.10gb": [{"nvidia.com/mig-1g.10gb": 1}] * 8,
@@ -140,7 +176,7 @@ def test_resource_quota_admits_one_a100_of_any_mix_then_refuses(policy: lightkub
                                                                  mix: str) -> None:
     _quota(policy, namespace)
     for limits in MIXES[mix]:
-        create(policy, gpu_pod(namespace, limits))
+        create(policy, gpu_pod(namespace, limits, **A100_80))
     with pytest.raises(lightkube.ApiError) as refused:
         create(policy, gpu_pod(namespace, {"nvidia.com/mig-1g.10gb": 1}, name="one-too-many"))
     message = refused.value.status.message or ""
@@ -164,3 +200,33 @@ def test_limit_range_caps_a_containers_charge(policy: lightkube.Client, namespac
         create(policy, gpu_pod(namespace, {"nvidia.com/mig-7g.80gb": 1}, name="too-big"))
     message = refused.value.status.message or ""
     assert f"maximum {MEMORY} usage per Container is 40Gi, but limit is 80Gi" in message, message
+
+
+def test_a_missing_table_refuses_gpu_pods_naming_it(policy: lightkube.Client, namespace: str) -> None:
+    from lightkube.resources.core_v1 import ConfigMap
+
+    from kubegpu.quota.policy import NAMESPACE, TABLE_NAME
+
+    table = next(obj for obj in shipped(("20",)) if obj["kind"] == "ConfigMap")
+    policy.delete(ConfigMap, TABLE_NAME, namespace=NAMESPACE)
+    try:
+        def refused() -> str | None:
+            try:
+                create(policy, gpu_pod(namespace, {"nvidia.com/gpu": 1}), dry_run=True)
+            except lightkube.ApiError as exc:
+                return exc.status.message or "(no message)"
+            return None  # the API server's informer has not seen the delete yet
+
+        message = wait_for(refused, "a GPU pod refused without the table", 30)
+        assert f"the table ConfigMap {NAMESPACE}/{TABLE_NAME} is missing" in message, message
+        with pytest.raises(lightkube.ApiError):  # an init container's GPUs too
+            body = gpu_pod(namespace, {"cpu": "1"})
+            body["spec"]["initContainers"] = [{"name": "warm", "image": "busybox",
+                                               "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}]
+            create(policy, body, dry_run=True)
+        assert stored_charge(create(policy, gpu_pod(namespace, {"cpu": "1"}))) == {}  # other pods are not affected
+    finally:
+        apply_all(policy, [table])
+        wait_for(lambda: stored_charge(until_admitted(lambda: create(
+            policy, gpu_pod(namespace, {"nvidia.com/gpu": 1}), dry_run=True)) or {"spec": {"containers": []}}),
+                 "the charge policy to see the table again", 60)

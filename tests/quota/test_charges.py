@@ -27,6 +27,7 @@ from kubegpu.sharing.charges import (
 from kubegpu.sharing.names import mig_resource_name, mps_slice_resource_name
 
 MODELS = list(CATALOG.values())
+A100_CLUSTER = ChargeTable.for_models(["A100-SXM4-80GB"])
 MIG_MODELS = [m for m in MODELS if m.mig_capable]
 EVEN_NAMES = {"A100-SXM4-40GB", "A100-SXM4-80GB", "A30-24GB", "H100-SXM5-80GB"}
 """Models whose MIG names divide their memory evenly by memory slot; NVIDIA rounds the others' names (1g.12gb on a
@@ -80,47 +81,51 @@ def test_mps_slices_charge_their_size() -> None:
 def test_time_slicing_replicas_divide_the_gpu_by_the_configured_replicas() -> None:
     config = {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True,
                                                            "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
-    table = ChargeTable.from_device_plugin_config(config)
+    table = ChargeTable.from_device_plugin_config(config, A100_CLUSTER.shapes)
     assert table.replicas == {"nvidia.com/gpu.shared": 4}
     assert charged({"nvidia.com/gpu.shared": 1}, table) == 20 * GIB
-    assert charged({"nvidia.com/gpu.shared": 1}, table, selector="NVIDIA-L4") == 22 * GIB // 4
     assert charged({"nvidia.com/gpu": 1}, table) == 80 * GIB  # the unreplicated name stays whole
+    shipped = ChargeTable.from_device_plugin_config(config)
+    assert charged({"nvidia.com/gpu.shared": 1}, shipped, selector="NVIDIA-L4") == 22 * GIB // 4
+    assert charged({"nvidia.com/gpu.shared": 1}, shipped) == 180 * GIB // 4  # unpinned: the largest, a B200
 
 
 def test_replicas_without_rename_and_of_mig_devices_and_mps() -> None:
     config = {"version": "v1", "sharing": {"mps": {"resources": [
         {"name": "nvidia.com/gpu", "replicas": 3}, {"name": "mig-3g.40gb", "replicas": 2, "rename": "half-3g"}]}}}
     assert replicas_of_config(config) == {"nvidia.com/gpu": 3, "nvidia.com/half-3g": 2}
-    table = ChargeTable.from_device_plugin_config(config)
+    table = ChargeTable.from_device_plugin_config(config, A100_CLUSTER.shapes)
     assert charged({"nvidia.com/gpu": 3}, table) == 3 * (80 * GIB // 3)
     timeslice = {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
         {"name": "nvidia.com/mig-1g.20gb", "replicas": 2}]}}}
     assert charged({"nvidia.com/mig-1g.20gb.shared": 1}, ChargeTable.from_device_plugin_config(timeslice)) == 10 * GIB
 
 
-def test_shipped_default_table_is_a_four_replica_shared_a100() -> None:
-    assert charged({"nvidia.com/gpu.shared": 4}) == 80 * GIB
-    assert charged({"nvidia.com/gpu": 1}) == 80 * GIB
+def test_the_shipped_table_charges_an_unpinned_gpu_the_largest_of_the_catalog() -> None:
+    assert charged({"nvidia.com/gpu.shared": 4}) == 180 * GIB
+    assert charged({"nvidia.com/gpu": 1}) == 180 * GIB
+    assert charged({"nvidia.com/gpu.shared": 4}, A100_CLUSTER) == 80 * GIB
 
 
-def test_the_model_comes_from_required_affinity_the_largest_wins() -> None:
+def test_the_model_comes_from_required_affinity_the_largest_possible_wins() -> None:
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]},
         {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]},
                               {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["NVIDIA-H200"]}]},
     ]}}}
     assert charged({"nvidia.com/gpu": 1}, affinity=affinity) == 22 * GIB
-    assert charged({"nvidia.com/gpu": 1}, selector="NVIDIA-H200", affinity=affinity) == 141 * GIB
+    # an H200 by selector and an L4 or T4 by affinity: no node is both, so nothing narrows the charge
+    assert charged({"nvidia.com/gpu": 1}, selector="NVIDIA-H200", affinity=affinity) == 180 * GIB
 
 
-def test_an_unknown_product_and_no_selector_charge_the_cluster_default() -> None:
-    assert charged({"nvidia.com/gpu": 1}, selector="ACME-Accelerator") == 80 * GIB
+def test_an_unknown_product_and_no_selector_charge_the_largest_model_of_the_cluster() -> None:
+    assert charged({"nvidia.com/gpu": 1}, selector="ACME-Accelerator") == 180 * GIB
     # only GFD's label value names a model (a catalog key such as `L4` is not what nodes carry): as the policy's table
-    assert charged({"nvidia.com/gpu": 1}, selector="L4") == 80 * GIB
+    assert charged({"nvidia.com/gpu": 1}, selector="L4") == 180 * GIB
     assert charged({"nvidia.com/gpu": 1}, selector="NVIDIA-L4") == 22 * GIB
-    assert charged({"nvidia.com/gpu": 1}, ChargeTable(default_model="L40S")) == 44 * GIB
+    assert charged({"nvidia.com/gpu": 1}, ChargeTable.for_models(["L40S", "NVIDIA-L4"])) == 44 * GIB
     with pytest.raises(ConfigError, match="ACME"):
-        ChargeTable(default_model="ACME")
+        ChargeTable.for_models(["ACME"])
 
 
 def test_lines_per_container_init_containers_and_non_gpu_resources() -> None:
@@ -147,9 +152,15 @@ def test_bad_counts_and_replicas_are_one_line_errors() -> None:
 def test_quantities_and_table() -> None:
     assert [quantity_of_bytes(v) for v in (10 * GIB, 512 << 20, 5)] == ["10Gi", "512Mi", "5"]
     data = table_data()
-    assert data["default"] == str(80 * GIB)
-    assert data["product.NVIDIA-H100-NVL"] == str(94 * GIB)
-    assert data["product.NVIDIA-A100-SXM4-80GB-SHARED"] == str(80 * GIB)
+    assert data["default"] == str(180 * GIB)
+    shapes = data["shapes"].split(",")
+    products = {data[f"shape.{s}.nvidia.com_gpu.product"]: int(data[f"shape.{s}.bytes"]) for s in shapes}
+    assert products["NVIDIA-H100-NVL"] == 94 * GIB
+    assert products["NVIDIA-A100-SXM4-80GB-SHARED"] == 80 * GIB
+    h200 = {data[f"shape.{s}.node.kubernetes.io_instance-type"] for s in shapes
+            if data.get(f"shape.{s}.karpenter.k8s.aws_instance-gpu-name") == "h200"}
+    assert h200 == {"p5e.48xlarge", "p5en.48xlarge"}
+    assert "karpenter.k8s.aws/instance-gpu-memory" in data["keys"].split(",")
     assert data["replicas.nvidia.com_gpu.shared"] == "4"
     assert all("/" not in key for key in data)
 
@@ -208,11 +219,11 @@ def test_mig_cuts_that_fill_a_gpu_charge_its_memory(data: st.DataObject, model: 
 
 
 @pytest.mark.parametrize(("model", "mig", "plugin", "expected_gib"), [
-    ("A100-SXM4-80GB", None, {"version": "v1"}, 4 * 80),
+    ("A100-SXM4-80GB", None, {"version": "v1"}, 4 * 180),  # a whole GPU may go to an unpinned pod: the largest
     ("A100-SXM4-80GB", "all-1g.10gb", None, 4 * 7 * 10),
     ("A100-SXM4-80GB", "all-balanced", None, 4 * (2 * 10 + 20 + 40)),
     ("L4", None, {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
-        {"name": "nvidia.com/gpu", "replicas": 4}]}}}, 4 * 22),
+        {"name": "nvidia.com/gpu", "replicas": 4}]}}}, 4 * 180),
 ])
 def test_a_nodes_capacity_is_what_its_allocatable_is_charged(model: str, mig: str | None, plugin: Any,
                                                              expected_gib: int) -> None:

@@ -56,6 +56,17 @@ def test_explain_a_workloads_pod_template(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["gpuMemoryBytes"] == 20 * GIB
 
 
+def test_explain_says_what_it_does_not_charge(tmp_path: Path) -> None:
+    """Devices from ResourceClaims are outside the pod spec: explain says so on stderr, its JSON stays clean."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra", "namespace": "ns"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}]}}
+    result = CliRunner().invoke(app, ["quota", "explain", "-f", str(write(tmp_path, "pod.yaml", pod)), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"pod": "ns/dra", "gpuMemoryBytes": 0, "lines": []}
+    assert "ResourceClaims (gpu), which the charge does not see" in result.stderr
+
+
 def test_explain_bad_input_is_one_line(tmp_path: Path) -> None:
     runner = CliRunner()
     bad = dict(POD, spec={"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "half"}}}]})

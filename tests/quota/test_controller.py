@@ -1,5 +1,6 @@
 """The quota controller on the in-memory cluster: gates lifted, status written, a bad ElasticQuota reported on itself,
-leader election; and the CRD's printer columns (`kubectl get elasticquota` shows used / min / max)."""
+leader election, reads from informers (no LIST while idle, no action on a stale cache); and the CRD's printer
+columns (`kubectl get elasticquota` shows used / min / max)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ from typing import Any
 
 from kubegpu.clock import VirtualClock
 from kubegpu.kube import MemoryCluster
+from kubegpu.kube.informer import InformedCluster
 from kubegpu.quota.api import elastic_quota_crd
-from kubegpu.quota.controller import QuotaController, cluster_capacity, has_quota_gate
+from kubegpu.quota.controller import INFORMED_KINDS, QuotaController, cluster_capacity, has_quota_gate
+from tests.fakes.remote_store import RemoteStore, eventually
 
 MEM = "kubegpu.io/gpu-memory"
 
 
 def _cluster() -> MemoryCluster:
     cluster = MemoryCluster(VirtualClock(1000.0))
-    cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
-                    "status": {"allocatable": {MEM: "160Gi", "nvidia.com/gpu": "2"}}})
+    # two A100-80GB: 160Gi held, by GFD's labels; the advertised charge room is the catalog's largest per GPU
+    cluster.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {
+                        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "2"}},
+                    "status": {"allocatable": {MEM: "360Gi", "nvidia.com/gpu": "2"}}})
     return cluster
 
 
@@ -50,24 +55,33 @@ def test_lifts_within_min_then_borrows_and_writes_status() -> None:
     assert cluster_capacity(cluster.list("Node")) == 160 * 2**30
 
 
-def test_a_pod_changed_between_the_list_and_the_lift_is_lifted_in_the_same_pass() -> None:
+def test_a_pod_changed_between_the_read_and_the_lift_is_lifted_in_the_same_pass() -> None:
     """kube-scheduler writes a gated pod's SchedulingGated status right after it is created, so the copy a pass
-    listed is often stale by the time the gate is lifted: the lift reads the pod again instead of waiting a pass."""
+    read is often stale by the time the gate is lifted: the lift reads the pod again from the API server (not the
+    cache, which may not have the change yet) instead of waiting a pass."""
     cluster = _cluster()
     _quota(cluster, "a", {"min": {MEM: "80Gi"}})
     _pod(cluster, "a", "p0", 40, "2026-01-01T00:00:00Z")
-    original = cluster.list
+    original = cluster.patch
+    controller = QuotaController(cluster, leader_elect=False)
+    reads: list[str] = []
+    original_get = cluster.get
 
-    def list_then_scheduler_writes(kind: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        listed = original(kind, *args, **kwargs)
-        if kind == "Pod":
-            cluster.patch("Pod", "p0", {"status": {"conditions": [
+    def scheduler_writes_first(kind: str, name: str, patch: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if kind == "Pod" and "spec" in patch and not reads:
+            original("Pod", "p0", {"status": {"conditions": [
                 {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}, namespace="a",
-                          subresource="status")
-        return listed
+                     subresource="status")
+        return original(kind, name, patch, *args, **kwargs)
 
-    cluster.list = list_then_scheduler_writes  # type: ignore[method-assign]
-    assert QuotaController(cluster, leader_elect=False).tick(1000.0).lifted == 1
+    def get(kind: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        reads.append(kind)
+        return original_get(kind, *args, **kwargs)
+
+    cluster.patch = scheduler_writes_first  # type: ignore[method-assign]
+    cluster.get = get  # type: ignore[method-assign]
+    assert controller.tick(1000.0).lifted == 1
+    assert reads == ["Pod"]  # the one fresh read, from the API server
     assert cluster.get("Pod", "p0", "a")["spec"]["schedulingGates"] == [{"name": "other"}]
 
 
@@ -94,3 +108,40 @@ def test_printer_columns_show_used_min_max() -> None:
     assert [(c["name"], c["jsonPath"]) for c in columns[:3]] == [
         ("Used", ".status.used.kubegpu\\.io/gpu-memory"), ("Min", ".spec.min.kubegpu\\.io/gpu-memory"),
         ("Max", ".spec.max.kubegpu\\.io/gpu-memory")]
+
+
+def test_passes_read_informers_so_an_idle_controller_lists_nothing() -> None:
+    cluster = _cluster()
+    _quota(cluster, "a", {"min": {MEM: "80Gi"}})
+    api = RemoteStore(cluster)
+    controller = QuotaController(api, leader_elect=False)  # type: ignore[arg-type]
+    try:
+        assert sorted(api.lists) == sorted(INFORMED_KINDS)  # the informers' initial lists
+        _pod(cluster, "a", "p0", 40, "2026-01-01T00:00:00Z")
+        eventually(lambda: controller.tick(1000.0).lifted == 1)  # seen through the watch
+        for second in range(5):
+            controller.tick(1001.0 + second)
+        assert sorted(api.lists) == sorted(INFORMED_KINDS)
+    finally:
+        controller.close()
+
+
+def test_a_controller_does_not_act_on_a_cache_whose_watch_is_broken() -> None:
+    cluster = _cluster()
+    _quota(cluster, "a", {"min": {MEM: "80Gi"}})
+    api = RemoteStore(cluster)
+    clock = [0.0]
+    informed = InformedCluster(api, INFORMED_KINDS, watch_window=0.05, now=lambda: clock[0])  # type: ignore[arg-type]
+    controller = QuotaController(informed, leader_elect=False)
+    try:
+        api.down = True
+        eventually(lambda: set(informed.broken()) == set(INFORMED_KINDS))
+        _pod(cluster, "a", "p0", 40, "2026-01-01T00:00:00Z")
+        clock[0] += 60.0
+        assert not controller.tick(1000.0).acted
+        assert has_quota_gate(cluster.get("Pod", "p0", "a"))
+        api.down = False
+        eventually(informed.trusted)
+        eventually(lambda: controller.tick(1001.0).lifted == 1)
+    finally:
+        controller.close()

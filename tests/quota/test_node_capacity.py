@@ -1,4 +1,5 @@
-"""Discovery writes a node's `kubegpu.io/gpu-memory` capacity: what the GPU resources it advertises are charged."""
+"""Discovery writes a node's `kubegpu.io/gpu-memory` capacity: room for the most its GPU resources can be charged (a
+whole GPU or a replica of one at the largest model's charge, as an unpinned pod pays; MIG and MPS by their names)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ GIB = 1 << 30
 def test_gpu_memory_of_whole_timesliced_mig_and_mps_nodes() -> None:
     backend = SimulatedBackend(None, gpus=parse_gpu_spec("2xA100-SXM4-80GB"), node_name="n")
     try:
-        assert discover_gpu_memory(backend, {"version": "v1"}) == 160 * GIB
+        assert discover_gpu_memory(backend, {"version": "v1"}) == 2 * 180 * GIB  # the catalog's largest, a B200
         shared = {"version": "v1", "sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
             {"name": "nvidia.com/gpu", "replicas": 3}]}}}
-        assert discover_gpu_memory(backend, shared) == 2 * 3 * (80 * GIB // 3)
+        assert discover_gpu_memory(backend, shared) == 2 * 3 * (180 * GIB // 3)
         assert discover_gpu_memory(backend, {"version": "v1"}, {0: [10, 20], 1: [40]}) == 70 * GIB  # slices only
         apply_mig_config(backend, "A100-SXM4-80GB", "all-1g.10gb")
         assert discover_gpu_memory(backend, {"version": "v1", "flags": {"migStrategy": "mixed"}}) == 2 * 7 * 10 * GIB

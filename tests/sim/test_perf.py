@@ -6,11 +6,14 @@ import pytest
 
 from kubegpu.sim.perf import (
     DEFAULT_PARAMS,
+    MemoryUse,
+    Overflow,
+    allocating_pod,
     calibration,
     exceeds,
+    first_overflow,
     mig_speed,
     mps_speeds,
-    newest_to_kill,
     time_slicing_speeds,
 )
 
@@ -52,10 +55,23 @@ def test_mps_thread_percentage_caps_a_client() -> None:
     assert mps_speeds([1.0], [1.0])[0] == 1.0
 
 
-def test_oom_kills_the_newest_until_the_rest_fits() -> None:
-    assert newest_to_kill([30.0, 30.0, 30.0], 80.0) == [2]
-    assert newest_to_kill([50.0, 20.0, 20.0, 20.0], 75.0) == [3, 2]
-    assert newest_to_kill([10.0, 10.0], 80.0) == []
+def test_the_first_allocation_that_does_not_fit_is_the_newest_pods() -> None:
+    pods = [MemoryUse(30.0, 0.0, 0.0), MemoryUse(30.0, 0.0, 10.0), MemoryUse(30.0, 0.0, 20.0)]
+    assert first_overflow(pods, 80.0, 0.0) == Overflow(20.0, 2)
+    assert first_overflow(pods[:2], 80.0, 0.0) is None
+
+
+def test_creeping_use_fills_the_device_and_the_next_allocation_is_anyones() -> None:
+    hour = 3600.0
+    leaker, neighbour = MemoryUse(10.0, 4.0 / hour, 0.0), MemoryUse(15.0, 0.0, 0.0)
+    over = first_overflow([leaker, neighbour], 40.0, 0.0)
+    assert over is not None and over.victim is None and over.at == pytest.approx(3.75 * hour)
+    # a pod that arrives later steps the use up: the crossing comes sooner, and is still nobody's in particular
+    late = MemoryUse(5.0, 0.0, hour)
+    over = first_overflow([leaker, neighbour, late], 40.0, 0.0)
+    assert over is not None and over.victim is None and over.at == pytest.approx(2.5 * hour)
+    # whoever allocates most often is the likeliest to hit the full device
+    assert [allocating_pod([0.05, 0.45], draw) for draw in (0.05, 0.5, 0.95)] == [0, 1, 1]
 
 
 def test_isolated_partitions_kill_a_pod_bigger_than_the_partition() -> None:

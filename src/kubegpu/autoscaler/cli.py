@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kubegpu.autoscaler.api import NodePool, parse_nodepool
+from kubegpu.autoscaler.claims import DraWorld, uses_claims
 from kubegpu.autoscaler.instancetypes import InstanceType, default_instance_types, load_instance_types
 from kubegpu.autoscaler.provisioner import plan_summary, run_pass
 from kubegpu.autoscaler.scheduler import NODE_COST, pod_problem
@@ -109,6 +110,26 @@ def _check_pods(pods: list[dict[str, Any]], path: Path) -> None:
 
 
 PROVIDERS = ("kwok", "aws")
+DRA_KINDS = ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate")
+
+
+def load_dra(path: Path | None, pods: list[dict[str, Any]]) -> DraWorld | None:
+    """The DRA objects the pods' claims name (`--dra`: DeviceClasses, ResourceClaims, ResourceClaimTemplates) beside
+    kubegpu's shipped DeviceClasses; None when there is no file and no pod has claims (nothing to allocate)."""
+    if path is None and not any(uses_claims(p) for p in pods):
+        return None
+    from kubegpu.dra.classes import shipped_class_objects
+
+    found: dict[str, list[dict[str, Any]]] = {kind: [] for kind in DRA_KINDS}
+    if path is not None:
+        for i, doc in enumerate(d for d in parse_yaml_documents(read_text(path), str(path)) if d is not None):
+            if not isinstance(doc, dict) or doc.get("kind") not in found:
+                kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+                raise ConfigError(f"{path}: [{i}]: expected one of {', '.join(DRA_KINDS)}, got {kind!r}")
+            found[str(doc["kind"])].append(doc)
+    ours = {c["metadata"]["name"]: c for c in shipped_class_objects()}
+    ours.update({str((c.get("metadata") or {}).get("name")): c for c in found["DeviceClass"]})
+    return DraWorld(ours.values(), found["ResourceClaim"], found["ResourceClaimTemplate"])
 
 
 def provision_command(
@@ -117,6 +138,8 @@ def provision_command(
         None, "--instance-types", help="Instance types in Karpenter's kwok JSON format (default: shipped catalogue)."),
     pods: Path = typer.Option(..., "--pods", help="Pending Pod manifests (YAML/JSON list or multi-doc)."),
     nodes: Path | None = typer.Option(None, "--nodes", help="Existing Node manifests; pods with nodeName count there."),
+    dra: Path | None = typer.Option(None, "--dra", help="DeviceClasses, ResourceClaims and ResourceClaimTemplates "
+                                    "the pods' claims name (kubegpu's DeviceClasses are always there)."),
     output: str = output_option("table", FORMATS),
     provider: str = choice_option("kwok", PROVIDERS, "--provider",
                                   help="Cloud provider: kwok (instance-type file) or aws (the account's types)."),
@@ -162,7 +185,8 @@ def provision_command(
                               f"among the --nodes")
     infos = [node_info(n, bound.get(n["metadata"]["name"], [])) for n in existing_nodes]
     result = run_pass(pools, aws.instance_types if aws else lambda _pool: types, pending, infos,
-                      not_ready=aws.pool_not_ready if aws else None, node_cost=node_cost)
+                      not_ready=aws.pool_not_ready if aws else None, node_cost=node_cost,
+                      dra=load_dra(dra, all_pods))
     summary = plan_summary(result)
     if aws is not None and launch:
         from kubegpu.autoscaler.aws.cli import launch as launch_claims

@@ -31,6 +31,7 @@ from kubegpu.autoscaler.disruption import Disruption
 from kubegpu.autoscaler.lifecycle import Lifecycle
 from kubegpu.autoscaler.provisioner import Provisioner
 from kubegpu.autoscaler.termination import Termination
+from kubegpu.kube.informer import cache_trusted
 from kubegpu.metrics import AutoscalerMetrics
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ class Autoscaler:
         self.disruption = Disruption(self.cluster, provider, self.provisioner, self.termination, clock,
                                      opts.validation_delay, opts.replacement_timeout, self.log)
         self.metrics = AutoscalerMetrics()
+        self.cluster.register_metrics(self.metrics.registry, "autoscaler")  # kubegpu_informer_synced
         for component in (self.provisioner, self.termination, self.lifecycle, self.disruption):
             component.metrics = self.metrics
         self.failures: dict[str, int] = {}   # stage → passes it failed in (for tests and logs)
@@ -99,6 +101,8 @@ class Autoscaler:
     # -- stages ---------------------------------------------------------------------------------------------------
     def _stage(self, name: str, work: Callable[[], object]) -> bool:
         """Run one stage; a failure is logged and counted, never raised: the other stages go on."""
+        if not cache_trusted(self.cluster):  # watches broken too long: no action on a view that may be stale
+            return False
         try:
             work()
             return True

@@ -21,6 +21,7 @@ from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.objects import condition, created_at, is_true, name_of, same_taint, with_condition
 from kubegpu.autoscaler.provider import InsufficientCapacityError
 from kubegpu.errors import KubegpuError
+from kubegpu.kube.patching import ListEdit, taint_identity, update_lists
 from kubegpu.scheduling import parse_quantity
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ REPAIR_TOLERATION = 10 * 60.0
 REPAIR_MAX_UNHEALTHY = 0.2
 LAUNCHES_PER_WORKER = 16   # new launches one pass sends per parallel worker (parallel passes only)
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage"})
+HOLD = ListEdit(("metadata", "finalizers"), add=(L.TERMINATION_FINALIZER,))
 
 
 def initialization_blocker(claim: dict[str, Any], node: dict[str, Any]) -> str | None:
@@ -176,8 +178,7 @@ class Lifecycle:
             return
         finalizers = (claim.get("metadata") or {}).get("finalizers") or []
         if L.TERMINATION_FINALIZER not in finalizers:   # a claim made by hand or by an older release
-            self.cluster.patch("NodeClaim", name_of(claim), {"metadata": {
-                "finalizers": sorted({*finalizers, L.TERMINATION_FINALIZER})}})
+            update_lists(self.cluster, "NodeClaim", name_of(claim), [HOLD], seen=claim)
         if not is_true(claim, "Launched"):
             self._launch(claim, age)
             return
@@ -234,23 +235,28 @@ class Lifecycle:
         self._patch_status(claim, status)
 
     def _register(self, claim: dict[str, Any], node: dict[str, Any]) -> None:
+        """Karpenter's registration writes to the Node in one request: kubegpu's labels, the claim's taints and
+        startupTaints (an existing taint of the same key and effect stays as it is), `kubegpu.io/unregistered` gone,
+        the termination finalizer. Only those entries, under a resourceVersion precondition (redone from a fresh read
+        on 409), so a taint, finalizer or label the kubelet, the node lifecycle controller or a user added after our
+        cache's copy stays."""
         spec = claim.get("spec") or {}
         node_meta, node_spec = node.get("metadata") or {}, node.get("spec") or {}
-        taints = [t for t in node_spec.get("taints") or [] if not same_taint(t, L.UNREGISTERED_TAINT)]
-        if (node_meta.get("labels") or {}).get("kubegpu.io/do-not-sync-taints") != "true":
-            for taint in [*(spec.get("taints") or []), *(spec.get("startupTaints") or [])]:
-                if not any(same_taint(taint, t) for t in taints):
-                    taints.append(dict(taint))
-        labels = {**(node_meta.get("labels") or {}), **((claim.get("metadata") or {}).get("labels") or {}),
-                  L.REGISTERED_LABEL: "true", L.NODECLAIM_LABEL: name_of(claim)}
-        finalizers = sorted({*(node_meta.get("finalizers") or []), L.TERMINATION_FINALIZER})
-        self.cluster.patch("Node", name_of(node), {"metadata": {"labels": labels, "finalizers": finalizers},
-                                                    "spec": {"taints": taints}})
+        synced = () if (node_meta.get("labels") or {}).get("kubegpu.io/do-not-sync-taints") == "true" else \
+            (*(spec.get("taints") or []), *(spec.get("startupTaints") or []))
+        taints = ListEdit(("spec", "taints"), add=tuple(synced), remove=(L.UNREGISTERED_TAINT,),
+                          identity=taint_identity)
+        ours = {**((claim.get("metadata") or {}).get("labels") or {}), L.REGISTERED_LABEL: "true",
+                L.NODECLAIM_LABEL: name_of(claim)}
+        update_lists(self.cluster, "Node", name_of(node), [taints, HOLD], also={"metadata": {"labels": ours}},
+                     seen=node)
+        labels = {**(node_meta.get("labels") or {}), **ours}
         if (claim.get("status") or {}).get("nodeName") != name_of(node):
             claim = {**claim, "status": {**(claim.get("status") or {}), "nodeName": name_of(node)}}
         # what still keeps the registered node from Initialized goes in the same status write (Karpenter's one
         # patch per reconcile), so the next pass has nothing to write until the node is initialized
-        registered = {**node, "metadata": {**node_meta, "labels": labels}, "spec": {**node_spec, "taints": taints}}
+        registered = {**node, "metadata": {**node_meta, "labels": labels},
+                      "spec": {**node_spec, "taints": taints.applied(node_spec.get("taints"))}}
         blocker = initialization_blocker(claim, registered)
         also = (("Initialized", "False", blocker),) if blocker is not None and \
             (condition(claim, "Initialized") or {}).get("reason") != blocker else ()

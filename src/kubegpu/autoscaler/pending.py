@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.claims import PodClaims, uses_claims
 from kubegpu.autoscaler.requirements import Requirements, pod_requirement_options
 from kubegpu.autoscaler.topology import PodTopology, pod_topology
 from kubegpu.errors import ConfigError, KubegpuError
@@ -32,6 +33,7 @@ class PendingPod:
     topo: PodTopology | None = None
     rule_key: str = ""   # what decides placement besides the requests (pods with topology terms only)
     anti_terms: tuple[AntiTerm, ...] = ()  # required hostname anti-affinity, compiled
+    claims: PodClaims | None = None  # DRA claims to allocate (set by the scheduler when the pod has any)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def prepare_pod(pod: dict[str, Any]) -> PendingPod:
         anti_terms = _anti_affinity(pod, anti_raw)
         options = pod_requirement_options(pod)
         shape = json.dumps([sorted(requests.items()), spec.get("nodeSelector"), spec.get("affinity"), tolerations,
-                            anti], sort_keys=True, default=str)
+                            anti, spec.get("resourceClaims")], sort_keys=True, default=str)
         topo = pod_topology(pod)
         rule_key = ""
         if topo is not None:
@@ -135,7 +137,7 @@ def pod_problem(pod: dict[str, Any]) -> str | None:
 def queue_order(item: PendingPod) -> tuple[Any, ...]:
     gpu = sum(v for k, v in item.requests.items() if k.startswith(GPU_PREFIX))
     meta = item.pod.get("metadata") or {}
-    return (-(gpu > 0), -item.requests.get("cpu", 0.0), -item.requests.get("memory", 0.0),
+    return (-(gpu > 0 or uses_claims(item.pod)), -item.requests.get("cpu", 0.0), -item.requests.get("memory", 0.0),
             str(meta.get("creationTimestamp", "")), str(meta.get("uid", "")), pod_key(item.pod))
 
 

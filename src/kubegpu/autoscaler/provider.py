@@ -12,20 +12,24 @@ takes, so the NodeClaim lifecycle sees the same sequence (Launched → Registere
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kubegpu.autoscaler import labels as L
+from kubegpu.autoscaler.dra_nodes import publish_node_slices, remove_node_slices
 from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.instancetypes import InstanceType, Offering
 from kubegpu.autoscaler.objects import has_taint
 from kubegpu.autoscaler.requirements import Requirements
 from kubegpu.clock import Clock
+from kubegpu.discovery.agent import discover_gpu_memory
 from kubegpu.errors import KubegpuError, NotFoundError
 from kubegpu.scheduling.quantity import format_quantity
 from kubegpu.sharing.capacity import backend_allocatable, sharing_of, simulated_gpu_backend
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.api import NodePool
@@ -228,11 +232,17 @@ class SimulatedProvider(InstanceListing):
         if registered and inst.backend is not None:
             sharing = sharing_of(inst.sharing_labels, inst.sharing_annotations, f"node {inst.node_name}")
             gpu = {k: str(v) for k, v in backend_allocatable(inst.backend, sharing).items()}
+            gpu[GPU_MEMORY_RESOURCE] = str(discover_gpu_memory(inst.backend, sharing.plugin_config_dict))  # discovery's
             # a merge patch: the maps' other entries (cpu, memory, pods) stay as they are on the server
             status["allocatable"] = gpu
             status["capacity"] = gpu
         if status:
             self.cluster.patch("Node", inst.node_name, {"status": status}, subresource="status")
+        if registered and inst.backend is not None:   # the DRA driver's slices appear with the device plugin's GPUs
+            try:
+                publish_node_slices(self.cluster, node, inst.backend)
+            except KubegpuError:
+                return   # not published yet: the next tick tries again
         inst.ready, inst.published = True, registered
 
     def delete(self, nodeclaim: dict[str, Any]) -> None:
@@ -249,6 +259,8 @@ class SimulatedProvider(InstanceListing):
         except KubegpuError:
             pass
         if inst.backend is not None:
+            with contextlib.suppress(KubegpuError):   # owned by the Node: the garbage collector takes any left
+                remove_node_slices(self.cluster, inst.node_name, inst.backend)
             inst.backend.close()
 
     def get(self, provider_id: str) -> dict[str, Any]:

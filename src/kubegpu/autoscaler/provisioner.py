@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool, template_hash
+from kubegpu.autoscaler.claims import DraWorld, uses_claims
 from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed, take_snapshot
 from kubegpu.autoscaler.fanout import each_at_once
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
@@ -196,7 +197,8 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
              pending: Sequence[dict[str, Any]], existing: Sequence[NodeInfo] = (),
              daemonsets: Sequence[dict[str, Any]] = (), usage: Mapping[str, Mapping[str, float]] | None = None,
              capacity: CapacityModel | None = None, sizings: Sequence[str] = ("group", "queue"),
-             not_ready: Callable[[NodePool], str | None] | None = None, node_cost: float = 0.0) -> SchedulingResult:
+             not_ready: Callable[[NodePool], str | None] | None = None, node_cost: float = 0.0,
+             dra: DraWorld | Callable[[], DraWorld] | None = None) -> SchedulingResult:
     """One scheduling pass (pure): used by the controller, `kubegpu provision`, consolidation and the benchmark.
 
     The pass runs once per NodeClaim sizing rule and keeps the result that leaves the fewest pods unschedulable,
@@ -204,7 +206,8 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
     queue on small mixed ones, and a pass is cheap enough to try both. `node_cost` ($/h per new node beyond its
     price) counts in both the sizing of new claims and that comparison; the plan's `cost` stays the price. A pool
     that `not_ready` gives a reason for (its provider's NodeClass is not ready) launches nothing, and pods left
-    unschedulable are told that reason.
+    unschedulable are told that reason. With `dra` (or how to read it, called once if a pod needs it), pods with
+    ResourceClaims are planned by allocating them (`claims.py`); without, their claims are not looked at.
     """
     model = capacity or CapacityModel()
     types: dict[str, Sequence[InstanceType]] = {}
@@ -215,10 +218,12 @@ def run_pass(pools: Sequence[NodePool], types_for: Callable[[NodePool], Sequence
             unready[pool.name] = why
         types[pool.name] = [] if why is not None else types_for(pool)
         model.sharing(pool)
+    if dra is not None and not isinstance(dra, DraWorld):
+        dra = cache(dra)   # both sizings' passes share one read
     best: SchedulingResult | None = None
     for sizing in sizings:
         scheduler = Scheduler(pools, types, [_copy_info(i) for i in existing], daemonsets, usage,
-                              capacity_fn=model, sizing=sizing, node_cost=node_cost)
+                              capacity_fn=model, sizing=sizing, node_cost=node_cost, dra=dra)
         result = scheduler.solve(pending)
         if best is None or (len(result.unschedulable), result.cost + node_cost * len(result.claims)) < \
                 (len(best.unschedulable), best.cost + node_cost * len(best.claims)):
@@ -409,10 +414,16 @@ class Provisioner:
         kept: dict[str, list[dict[str, Any]]] = {}
         if keep_nominations:
             aliases = target_aliases(snapshot.nodeclaims, snapshot.nodes)
-            kept, pending = keep_nominated(infos, pending, self.state.nominations_view(), aliases)
+            # pods with claims are planned afresh each pass: whether a nomination still holds is an allocation
+            # (the pass allocates them onto existing and in-flight nodes first), not the CPU and memory left there
+            claim_pods = [p for p in pending if uses_claims(p)]
+            kept, pending = keep_nominated(infos, [p for p in pending if not uses_claims(p)],
+                                           self.state.nominations_view(), aliases)
+            pending = [*pending, *claim_pods]
         result = run_pass(pools, self.provider.instance_types, pending, infos,
                           snapshot.daemonsets, pool_usage(snapshot.nodeclaims), self.capacity,
-                          not_ready=getattr(self.provider, "pool_not_ready", None), node_cost=self.node_cost)
+                          not_ready=getattr(self.provider, "pool_not_ready", None), node_cost=self.node_cost,
+                          dra=partial(DraWorld.read, self.cluster))   # read only if a pod needs it
         for name, pods in kept.items():
             result.existing.setdefault(name, []).extend(pods)
         return result

@@ -20,13 +20,15 @@ judged by. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.api import NodePool
+from kubegpu.autoscaler.claim_placement import ClaimPlacement
+from kubegpu.autoscaler.claims import DraPlanner, DraWorld
 from kubegpu.autoscaler.instancetypes import InstanceType
 from kubegpu.autoscaler.pending import (
     GPU_PREFIX,
@@ -69,7 +71,7 @@ NODE_COST = 0.0
 SUGGESTED_NODE_COST = 1.0
 
 
-class Scheduler:
+class Scheduler(ClaimPlacement):
     """One provisioning pass over a snapshot of the cluster (see the module docstring)."""
 
     def __init__(
@@ -82,6 +84,7 @@ class Scheduler:
         capacity_fn: CapacityFn = default_capacity,
         sizing: str = "group",
         node_cost: float = 0.0,
+        dra: DraWorld | Callable[[], DraWorld] | None = None,
     ) -> None:
         if sizing not in SIZINGS:
             raise ValueError(f"sizing must be one of {SIZINGS}")
@@ -111,11 +114,19 @@ class Scheduler:
         self._committed_nodes: dict[str, int] = {}
         self._topology = TopologyCounts(frozenset())
         self._pool_zones: dict[str, set[str]] = {}
+        by_name = {it.name: it for t in self.templates for it in t.types}
+        # DRA objects (or how to read them, once a pod needs them): pods with ResourceClaims, and extended
+        # resources no instance type offers but a DeviceClass serves, are planned with the allocator (claims.py)
+        self._dra: DraWorld | Callable[[], DraWorld] | None = dra
+        self._type_of: Callable[[str], InstanceType | None] = by_name.get
+        self.planner: DraPlanner | None = None
 
     # -- public ---------------------------------------------------------------------------------------------
     def solve(self, pods: Iterable[dict[str, Any]]) -> SchedulingResult:
         result = SchedulingResult()
         queue = sorted((prepare_pod(p) for p in pods), key=queue_order)
+        for item in queue:
+            self._claims_for(item)
         self._start_topology(queue)
         start = 0
         while start < len(queue):
@@ -132,6 +143,9 @@ class Scheduler:
     def _place_group(self, group: list[PendingPod], result: SchedulingResult) -> None:
         rep = group[0]
         missing = [name for name in rep.requests if name not in self.index and rep.requests[name] > 0]
+        if rep.claims is not None:
+            self._place_claims(group, result, None if missing else self._vector(rep.requests))
+            return
         if rep.topo is not None:
             self._place_each(group, result, None if missing else self._vector(rep.requests))
             return
@@ -384,7 +398,9 @@ class Scheduler:
         return cand
 
     def _add_to_claim(self, claim: OpenClaim, pods: list[PendingPod], vec: np.ndarray,
-                      pin: Requirements | None = None) -> list[PendingPod]:
+                      pin: Requirements | None = None, only: np.ndarray | None = None) -> list[PendingPod]:
+        """Add as many of the identical `pods` as fit; `only` (a mask over the pool's types) keeps the types the
+        pods' DRA claims fit on, and then adds one pod."""
         rep = pods[0]
         reqs = self._merged(claim.requirements, rep)
         if reqs is None:
@@ -392,11 +408,13 @@ class Scheduler:
         if pin is not None:
             reqs = reqs.merge(pin)
         cand = self._allowed(claim, reqs)
+        if only is not None:
+            cand = cand[only[cand]]
         if cand.size == 0:
             return pods
         counts = fit_counts(claim.template.alloc[cand], claim.used, vec)
         take = int(min(counts.max(initial=0), len(pods)))
-        if rep.anti_key or rep.topo is not None:
+        if rep.anti_key or rep.topo is not None or only is not None:
             take = min(take, 1)
         while take > 0 and not min_values_ok(claim.template, reqs, cand[counts >= take]):
             take -= 1
@@ -428,6 +446,7 @@ class Scheduler:
         self._committed[name] = total + claim.committed
 
     def _open_claim(self, item: PendingPod, vec: np.ndarray, waiting: int) -> tuple[OpenClaim | None, str]:
+        """A new NodeClaim for `item`, its price capped for `waiting` pods like it (DRA claims: `DraPlanner.counts`)."""
         reasons: list[str] = []
         for tmpl in self.templates:
             why = why_not(tmpl, item)
@@ -444,6 +463,11 @@ class Scheduler:
             ok, prices = tmpl.type_mask(reqs)
             base = tmpl.daemon
             counts = fit_counts(tmpl.alloc, base, vec)
+            roomy = (ok & (counts >= 1)).any()
+            if item.claims is not None and self.planner is not None:
+                counts = np.minimum(counts, self.planner.counts(tmpl.types, item.claims, waiting))
+                if self.planner.shares(item.claims) and (ok & (counts >= waiting)).any():
+                    counts = np.where(counts >= waiting, counts, 0)   # a shared claim's pods all go beside it
             usable = ok & (counts >= 1)
             if tmpl.limits is not None:
                 remaining = tmpl.limits[0] - self._committed.get(tmpl.pool.name, 0.0)
@@ -454,7 +478,9 @@ class Scheduler:
                     continue
                 usable &= within
             if not usable.any():
-                reasons.append(f"nodepool {tmpl.pool.name}: {no_type_reason(tmpl, ok)}")
+                why = "no instance type's GPUs can allocate the pod's resource claims" \
+                    if roomy and item.claims is not None else no_type_reason(tmpl, ok)
+                reasons.append(f"nodepool {tmpl.pool.name}: {why}")
                 continue
             if self.sizing == "largest" or any(r.min_values for r in reqs):
                 cap = math.inf

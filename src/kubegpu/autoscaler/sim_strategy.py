@@ -5,18 +5,21 @@ real autoscaler (provisioning, NodeClaim lifecycle, consolidation) runs on the s
 
 The argument picks how nodes share GPUs, and the NodePool carries the same sharing config in its template, so the
 provisioner counts exactly what the simulated device plugin will advertise: `exclusive` (default),
-`time-slicing-<N>` or `mig-<mig-parted config>`. Nodes are bought with `sim.add_node(group)` and returned with
-`sim.remove_node`, so the simulator's cost integral and node counts are the autoscaler's bill; `timeline` records
-(time, nodes, $/h) at every tick for reports. With the scenario's `spotInterruptions` the simulator takes bought
-nodes back; the strategy then deletes their NodeClaims (Karpenter's interruption controller) and the provisioner
-buys replacements for the evicted pods.
+`time-slicing-<N>` or `mig-<mig-parted config>`. `dra-dynamic-mig` runs the simulator's DRA strategy (kube-scheduler
+allocating MIG placements from our driver's dynamic-MIG slices, the driver cutting them) on the nodes the autoscaler
+buys; pods ask for `nvidia.com/mig-<profile>`, which DeviceClasses serve as extended resources
+(`mig_device_classes`), so the provisioner plans them as claims on the slices each node group's GPUs would publish.
+Nodes are bought with `sim.add_node(group)` and returned with `sim.remove_node`, so the simulator's cost integral and
+node counts are the autoscaler's bill; `timeline` records (time, nodes, $/h) at every tick for reports. With the
+scenario's `spotInterruptions` the simulator takes bought nodes back; the strategy then deletes their NodeClaims
+(Karpenter's interruption controller) and the provisioner buys replacements for the evicted pods.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubegpu.autoscaler import labels as L
@@ -29,7 +32,8 @@ from kubegpu.autoscaler.provider import InstanceListing, NodeClaimNotFoundError,
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.scheduling import parse_quantity
 from kubegpu.sharing.capacity import sharing_of
-from kubegpu.sharing.names import GPU_RESOURCE
+from kubegpu.sharing.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from kubegpu.sim.dra_strategy import DRIVER, DraDynamicMig
 from kubegpu.sim.strategies import (
     BaseStrategy,
     Exclusive,
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuDevice
     from kubegpu.gpu.catalog import GpuModel
     from kubegpu.sim.scenario import NodeGroup
-    from kubegpu.sim.strategies import NodeView, SimControl, Strategy
+    from kubegpu.sim.strategies import NodeView, SimControl
     from kubegpu.sim.workload import Job
 
 SIM_ZONE = "sim-zone"
@@ -134,7 +138,22 @@ class EngineProvider(InstanceListing):
         return result
 
 
-def _sharing(argument: str | None) -> tuple[Strategy, dict[str, str], dict[str, str]]:
+def mig_device_classes(offered: Iterable[str]) -> list[dict[str, Any]]:
+    """For `dra-dynamic-mig`, where pods ask for `nvidia.com/mig-<profile>`: a DeviceClass per MIG resource that
+    serves it as an extended resource (DRAExtendedResource) from our driver's MIG devices of that profile, so the
+    provisioner plans those pods by allocating MIG placements on the slices a new node's GPUs would publish."""
+    out = []
+    for resource in sorted(offered):
+        profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
+        expression = (f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig' && "
+                      f"device.attributes['{DRIVER}'].profile == '{profile}'")
+        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                    "metadata": {"name": f"mig-{profile}.sim.kubegpu.io"},
+                    "spec": {"selectors": [{"cel": {"expression": expression}}], "extendedResourceName": resource}})
+    return out
+
+
+def _sharing(argument: str | None) -> tuple[BaseStrategy, dict[str, str], dict[str, str]]:
     """The simulator strategy that shapes nodes and pod requests, plus the NodePool labels/annotations to match."""
     text = argument or "exclusive"
     if text == "exclusive":
@@ -149,7 +168,10 @@ def _sharing(argument: str | None) -> tuple[Strategy, dict[str, str], dict[str, 
     if text.startswith("mig-") and len(text) > 4:
         layout = text.removeprefix("mig-")
         return StaticMig(text, layout), {L.MIG_CONFIG_LABEL: layout}, {}
-    raise ConfigError(f"strategy autoscaler:{text}: want exclusive, time-slicing-<N> or mig-<mig-parted config>")
+    if text == "dra-dynamic-mig":
+        return DraDynamicMig(text), {}, {}
+    raise ConfigError(f"strategy autoscaler:{text}: want exclusive, time-slicing-<N>, mig-<mig-parted config> or "
+                      "dra-dynamic-mig")
 
 
 class AutoscalerStrategy(BaseStrategy):
@@ -190,6 +212,9 @@ class AutoscalerStrategy(BaseStrategy):
             self.delegate.node_setup(group, get_model(group.gpu_model), backend.devices())
         pool = self.nodepool()
         sim.cluster.create(pool.model_dump(mode="json", exclude_none=True))
+        if isinstance(self.delegate, DraDynamicMig):
+            for device_class in mig_device_classes(self.delegate.offered):
+                sim.cluster.create(device_class)
         self.provider = EngineProvider(sim, [group_instance_type(g) for g in sim.node_groups])
         self.autoscaler = Autoscaler(sim.cluster, self.provider, sim.clock, Options(evict_pods=False))
 
@@ -198,6 +223,8 @@ class AutoscalerStrategy(BaseStrategy):
             return
         views = sim.nodes()   # read once a tick (each read rebuilds the views of nodes whose pods changed) ...
         self._forget_interrupted(sim, views)
+        if isinstance(self.delegate, DraDynamicMig):   # kube-scheduler's allocation and the driver's MIG cuts
+            self.delegate.on_tick(sim)
         now = sim.clock.now()
         if now - self.last_pass >= self.idle_pass_interval or self._busy(sim, self.autoscaler):
             self.autoscaler.step()

@@ -112,6 +112,7 @@ async def _serve(options: dict[str, Any]) -> None:
         health_interval_s=min(1.0, max(0.1, options["health_quiet_period"] / 4)),
         config_file=watched,
         mps_slices_file=options["mps_slices_file"],
+        share_record_file=options["share_record_file"],
         control_devices=options["control_devices"],
     )
     source = str(watched or "device plugin settings")
@@ -188,6 +189,10 @@ def register(app: typer.Typer) -> None:
                                                  help="Time between re-lists of the GPUs."),
         mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
                                                     help="MPS memory-slice file the partition agent writes."),
+        share_record_file: Path | None = typer.Option(
+            None, "--share-record-file", envvar="KUBEGPU_SHARE_RECORD_FILE",
+            help="Record each device ID's GPU-memory share at Allocate, and config hand-overs, here (the GPU "
+                 "guard's --share-record-file): a running pod keeps the share it was admitted under."),
         cdi_dir: Path = cdi_root_option(envvar="KUBEGPU_CDI_DIR",
                                         help="Directory for CDI specs (written only with a cdi-* list strategy)."),
         health_quiet_period: float = duration_option(
@@ -218,6 +223,7 @@ def register(app: typer.Typer) -> None:
             "cdi_dir": cdi_dir,
             "relist_interval": relist_interval,
             "mps_slices_file": mps_slices_file,
+            "share_record_file": share_record_file,
             "health_quiet_period": health_quiet_period,
             "metrics_address": metrics_address,
             "node_name": node_name,

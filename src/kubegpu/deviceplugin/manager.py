@@ -31,6 +31,7 @@ from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import file_identity
 from kubegpu.gpu import standins
 from kubegpu.gpu.backend import responds
+from kubegpu.sharing.allocations import ShareRecorder
 from kubegpu.sharing.cdi import cdi_spec, ensure_stand_ins, write_cdi_spec
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
@@ -39,6 +40,7 @@ from kubegpu.sharing.devices import (
     sharing_spec,
 )
 from kubegpu.sharing.mps import read_slices
+from kubegpu.sharing.shares import device_share, recorded_share
 
 log = logging.getLogger("kubegpu.deviceplugin")
 
@@ -63,6 +65,7 @@ class PluginSettings:
     health_interval_s: float = 1.0
     config_file: Path | None = None  # watched for changes
     mps_slices_file: Path | None = None
+    share_record_file: Path | None = None  # each device ID's share at Allocate, and config hand-overs (the guard)
     control_devices: tuple[str, ...] = CONTROL_DEVICES
 
 
@@ -150,6 +153,7 @@ class DevicePluginManager:
         self._xid_stamp: object = None
         self._slices_error: str | None = None
         self._config_seen: object = None  # the config file's identity when it was last read
+        self.recorder = ShareRecorder(settings.share_record_file) if settings.share_record_file else None
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -190,7 +194,25 @@ class DevicePluginManager:
             options=allocate_options(self.config, self.settings.control_devices, self.stand_ins),
             policy=str(plugin.get("sharedDevicesAllocationPolicy") or "distributed"),
             pair_score=self.pair_score,
+            record=self._record_allocation if self.recorder is not None else None,
         )
+
+    def _record_allocation(self, devices: list[AnnotatedDevice]) -> None:
+        assert self.recorder is not None
+        self.recorder.allocated((d.id, recorded_share(device_share(d))) for d in devices)
+
+    def _handover(self, started: bool) -> None:
+        """Mark a config application's start or end for the guard; a failed write is logged (recorded shares do
+        not depend on it, only pods allocated before recording began do)."""
+        if self.recorder is None:
+            return
+        try:
+            if started:
+                self.recorder.handover_started()
+            else:
+                self.recorder.handover_finished()
+        except KubegpuError as exc:
+            log.error("cannot record the config hand-over: %s", exc)
 
     # ------------------------------------------------------------------------------------------- serving
 
@@ -200,7 +222,10 @@ class DevicePluginManager:
         self.config = config_dict(self.load_config())
         self._snapshot = await asyncio.to_thread(self._read_backend)
         self._xid_since = self.clock.now()
-        await self._apply(self._compute(self.config, self._snapshot))
+        listing = self._compute(self.config, self._snapshot)
+        self._handover(True)
+        await self._apply(listing)
+        self._handover(False)
 
     async def _apply(self, listing: dict[str, list[AnnotatedDevice]]) -> None:
         async with self._lock:
@@ -336,8 +361,10 @@ class DevicePluginManager:
         except KubegpuError as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)
             return False
+        self._handover(True)
         self.config = config
         await self._apply(listing)
+        self._handover(False)
         log.info("config reloaded: %s", ", ".join(f"{r}={len(d)}" for r, d in listing.items()) or "no devices")
         return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,7 @@ class ServingState:
     policy: str = "distributed"
     pair_score: PairScore = numa_pair_score
     version: int = 0
+    record: Callable[[list[AnnotatedDevice]], None] | None = None  # the devices one Allocate hands out, durably
 
     def listing(self) -> pb.ListAndWatchResponse:
         return pb.ListAndWatchResponse(devices=[device_message(d, d.id not in self.unhealthy) for d in self.devices])
@@ -122,10 +123,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
         try:
-            return allocate(self.resource, request, self._known, self.state.options)
+            response = allocate(self.resource, request, self._known, self.state.options)
         except AllocationError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource}: {exc}")
             raise  # pragma: no cover - abort raises
+        if self.state.record is not None:  # record before the container gets the devices (the guard's shares)
+            try:
+                self.state.record([self._known[i] for c in request.container_requests for i in c.devices_ids])
+            except KubegpuError as exc:
+                await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: {exc}")
+        return response
 
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext

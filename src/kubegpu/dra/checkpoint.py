@@ -38,6 +38,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: list[str]
+    share_id: str | None = None  # the allocation's shareID, for a share of a device (consumable capacity)
 
 
 @dataclass

@@ -18,6 +18,8 @@ from kubegpu.gpu.options import gpu_backend_option
 from kubegpu.scheduling.dra import allocate_in_order, flatten, parse_all
 
 LAYOUTS = ("split", "combined")
+FRACTIONAL_HELP = ("Share whole GPUs by thousandths (consumable capacity `compute`, 1000 per GPU); each share runs "
+                   "under MPS with its active-thread percentage and memory limit in proportion.")
 dra_app = typer.Typer(help="Dynamic Resource Allocation: allocate claims offline, show a node's ResourceSlices.",
                       no_args_is_help=True)
 
@@ -48,6 +50,7 @@ def slices_command(
     gpu_backend: str = gpu_backend_option(),
     node_name: str = typer.Option(..., "--node-name", envvar="NODE_NAME", help="The node (and pool) name."),
     dynamic_mig: bool = typer.Option(False, "--dynamic-mig", help="Offer every MIG placement (partitionable)."),
+    fractional: bool = typer.Option(False, "--fractional", help=FRACTIONAL_HELP),
     driver_name: str = typer.Option(DRIVER, "--driver-name", help="DRA driver name."),
     layout: str = choice_option("split", LAYOUTS, "--layout", help="Counter layout: split (1.35+) or combined (1.34)."),
     output: str = output_option("yaml", help="Output format: yaml (multi-document) | json."),
@@ -58,7 +61,7 @@ def slices_command(
         node = read_node(backend)
     finally:
         backend.close()
-    objects = build_slices(node_name, gpu_offers(node, dynamic_mig), driver=driver_name, layout=layout)
+    objects = build_slices(node_name, gpu_offers(node, dynamic_mig, fractional), driver=driver_name, layout=layout)
     emit(objects, output, documents=True)
 
 
@@ -69,6 +72,7 @@ def dra_driver_command(
                                     help="DRA driver name (NVIDIA's, so claims written for it work unchanged)."),
     dynamic_mig: bool = typer.Option(False, "--dynamic-mig", envvar="DYNAMIC_MIG",
                                      help="Offer every MIG placement; create it at prepare, destroy at unprepare."),
+    fractional: bool = typer.Option(False, "--fractional", envvar="FRACTIONAL", help=FRACTIONAL_HELP),
     plugins_dir: Path = typer.Option(Path(DEFAULT_PLUGINS_DIR), "--kubelet-plugins-dir",
                                      envvar="KUBELET_PLUGINS_DIRECTORY_PATH",
                                      help="The kubelet's plugins directory (the DRA socket goes in <dir>/<driver>)."),
@@ -111,7 +115,7 @@ def dra_driver_command(
     # MPS-shared claims get a daemon each where the binary exists; a simulated node only records their limits
     mps_binary = None if gpu_backend.startswith("sim:") else find_mps_control()
     driver = DraDriver(backend, node_name, plugin_dir, cdi_root, get_claim, driver_name, dynamic_mig, mps_root,
-                       mps_binary)
+                       mps_binary, fractional=fractional)
     server = DraPluginServer(driver, plugin_dir, registry_dir)
     agent = DraAgent(driver, server, SlicePublisher(cluster, node_name, driver_name) if publish else None,
                      layout=layout)

@@ -11,23 +11,38 @@ is a device consuming exactly what it occupies, the whole GPU consumes everythin
 so that a set of placements fits the counters exactly when it is a legal MIG layout (memory slices keep placements
 apart, compute slices bound the SM slices, the one OFA engine allows one `+me` instance) — the tests check this
 equivalence against `kubegpu.gpu.geometry` on every catalog model, so the scheduler can never pick a layout the GPU
-would refuse. Pure: GPU facts in, plain device dicts out.
+would refuse.
+
+Fractional GPUs (`fractional`): a whole GPU not in MIG mode is published as a shared device
+(`allowMultipleAllocations`, DRAConsumableCapacity) with a consumable capacity `compute` of 1000 thousandths, so a
+claim asks for part of it with `capacity.requests: {compute: 300}` (the name exactly as published: kube-scheduler
+1.37 does not match `gpu.nvidia.com/compute` to it) and kube-scheduler (or kubegpu's allocator) packs shares until
+the thousandths run out. `compute` defaults to 1000, so a claim that names no
+capacity still gets the GPU to itself; `memory` is not consumed separately (default and only valid value 0): a
+share's memory is in proportion to its compute, and that is what prepare enforces (MPS active-thread percentage
+and pinned device-memory limit). One number to ask for, one to pack: the scheduler cannot over-commit memory that
+compute has not over-committed. Pure: GPU facts in, plain device dicts out.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubegpu.errors import KubegpuError
 from kubegpu.gpu.backend import GpuDevice, MigDevice
 from kubegpu.gpu.catalog import GpuModel, MigProfile, find_model
+from kubegpu.scheduling.quantity import parse_quantity
 from kubegpu.sharing.names import dra_counter_set_name, dra_gpu_device_name, dra_mig_device_name, dra_profile_label
 
 DRIVER = "gpu.nvidia.com"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 MIB = 1024 * 1024
+COMPUTE = "compute"  # consumable capacity of a shared GPU, in thousandths of the GPU
+WHOLE = 1000
 
 
 @dataclass(frozen=True)
@@ -117,14 +132,20 @@ def _mig_capacity(profile: MigProfile) -> dict[str, dict[str, str]]:
     }
 
 
-def full_gpu_device(node: NodeGpus, gpu: GpuDevice, dynamic: bool) -> dict[str, Any]:
+def full_gpu_device(node: NodeGpus, gpu: GpuDevice, dynamic: bool, shared: bool = False) -> dict[str, Any]:
+    """A whole GPU; `shared`: as a device claims share by thousandths of `compute` (module doc)."""
     model = find_model(gpu.model_key or gpu.product_name)
-    capacity: dict[str, dict[str, str]] = {"memory": {"value": f"{gpu.memory_mib}Mi"}}
+    capacity: dict[str, Any] = {"memory": {"value": f"{gpu.memory_mib}Mi"}}
     device: dict[str, Any] = {
         "name": gpu_device_name(gpu),
         "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, **_common_attributes(node, gpu, model)},
         "capacity": capacity,
     }
+    if shared:
+        device["allowMultipleAllocations"] = True
+        capacity[COMPUTE] = {"value": str(WHOLE), "requestPolicy": {
+            "default": str(WHOLE), "validRange": {"min": "1", "max": str(WHOLE), "step": "1"}}}
+        capacity["memory"]["requestPolicy"] = {"default": "0", "validValues": ["0"]}
     if dynamic and model is not None:
         capacity["multiprocessors"] = {"value": str(gpu.multiprocessors)}
         device["consumesCounters"] = [{"counterSet": counter_set_name(gpu),
@@ -186,8 +207,9 @@ class GpuOffer:
     placements: Mapping[str, Placement]
 
 
-def gpu_offers(node: NodeGpus, dynamic_mig: bool) -> list[GpuOffer]:
-    """Per GPU (by minor): whole GPU; or its existing MIG devices (static MIG); or, dynamic, every placement."""
+def gpu_offers(node: NodeGpus, dynamic_mig: bool, fractional: bool = False) -> list[GpuOffer]:
+    """Per GPU (by minor): whole GPU (`fractional`: shared by thousandths); or its existing MIG devices (static
+    MIG); or, dynamic, every placement."""
     offers = []
     for gpu in sorted(node.gpus, key=lambda g: g.device_minor):
         model = find_model(gpu.model_key or gpu.product_name)
@@ -207,7 +229,7 @@ def gpu_offers(node: NodeGpus, dynamic_mig: bool) -> list[GpuOffer]:
                 placements[device["name"]] = Placement(gpu.index, gpu.uuid, mig.profile_id, mig.start, mig.uuid)
             offers.append(GpuOffer(gpu, tuple(devices), None, placements))
         else:
-            device = full_gpu_device(node, gpu, dynamic=False)
+            device = full_gpu_device(node, gpu, dynamic=False, shared=fractional)
             offers.append(GpuOffer(gpu, (device,), None, {device["name"]: Placement(gpu.index, gpu.uuid)}))
     return offers
 
@@ -228,6 +250,22 @@ def _dynamic_offer(node: NodeGpus, gpu: GpuDevice, model: GpuModel) -> GpuOffer:
                                                live.get((profile.profile_id, start)))
     counter_set = {"name": counter_set_name(gpu), "counters": gpu_counters(gpu, model)}
     return GpuOffer(gpu, tuple(devices), counter_set, placements)
+
+
+def share_of(result: Mapping[str, Any]) -> int | None:
+    """The thousandths of a GPU an allocation result consumed (`consumedCapacity.compute`); None for a device
+    allocated whole (no share, or the share is the whole GPU)."""
+    consumed = result.get("consumedCapacity")
+    if result.get("shareID") is None or not isinstance(consumed, Mapping):
+        return None
+    amount = consumed.get(COMPUTE, consumed.get(f"{DRIVER}/{COMPUTE}"))
+    if amount is None:
+        return None
+    try:
+        value = math.ceil(parse_quantity(amount))
+    except KubegpuError:
+        return None
+    return value if 0 < value < WHOLE else None
 
 
 def placements_by_name(offers: Iterable[GpuOffer]) -> dict[str, Placement]:

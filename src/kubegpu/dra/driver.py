@@ -16,6 +16,7 @@ serialized (one lock): prepare is fast, and GPU reconfiguration must not interle
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,16 @@ from kubegpu.dra.cdi import (
     write_claim_spec,
 )
 from kubegpu.dra.checkpoint import COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
-from kubegpu.dra.devices import DRIVER, GpuOffer, Placement, gpu_offers, placements_by_name, read_node
+from kubegpu.dra.devices import (
+    DRIVER,
+    WHOLE,
+    GpuOffer,
+    Placement,
+    gpu_offers,
+    placements_by_name,
+    read_node,
+    share_of,
+)
 from kubegpu.errors import KubegpuError
 from kubegpu.gpu import standins
 from kubegpu.gpu.backend import GpuBackend, GpuBackendError, MigDevice
@@ -76,13 +86,15 @@ class _Step:
 class DraDriver:
     def __init__(self, backend: GpuBackend, node_name: str, plugin_dir: Path, cdi_root: Path, claims: ClaimGetter,
                  driver_name: str = DRIVER, dynamic_mig: bool = False, mps_root: str = DEFAULT_MPS_ROOT,
-                 mps_binary: str | None = None) -> None:
+                 mps_binary: str | None = None, fractional: bool = False) -> None:
         """`mps_binary`: the `nvidia-cuda-mps-control` to start MPS-shared claims' daemons with; None records their
-        limits only (a simulated node)."""
+        limits only (a simulated node). `fractional`: whole GPUs are shared by thousandths (`devices` module doc);
+        a claim's share is enforced by MPS, its limits from the share (`_sharing`)."""
         self.backend = backend
         self.node_name = node_name
         self.driver_name = driver_name
         self.dynamic_mig = dynamic_mig
+        self.fractional = fractional
         self.cdi_root = cdi_root
         self.claims = claims
         self.plugin_dir = plugin_dir
@@ -109,7 +121,7 @@ class DraDriver:
         """Re-read the GPUs (MIG devices made by claims stay part of the dynamic offer)."""
         node = read_node(self.backend, self.claimed_mig())
         self._mig_mode = {gpu.index for gpu in node.gpus if gpu.mig_enabled}
-        self.offers = gpu_offers(node, self.dynamic_mig)
+        self.offers = gpu_offers(node, self.dynamic_mig, self.fractional)
         self._placements = placements_by_name(self.offers)
         return self.offers
 
@@ -151,9 +163,8 @@ class DraDriver:
         self.checkpoint.claims[ref.uid] = record
         try:
             steps = self._steps(results)
-            plan = mps_plan(ref.uid, [(s.result["device"], s.placement, None, sharing.get(s.result["request"],
-                                                                                          Sharing())) for s in steps],
-                            self.mps_root)
+            plan = mps_plan(ref.uid, [(s.result["device"], s.placement, None, self._sharing(s, sharing))
+                                      for s in steps], self.mps_root)
             daemon = plan is not None and self.mps.binary is not None
             # intents on disk before the node changes; a claim that changes nothing is only written once complete
             # (a crash before that leaves at most its CDI spec and limits file, which `_recover` sweeps)
@@ -163,8 +174,8 @@ class DraDriver:
                 record.mps = {"resource": plan.resource, "pipeDirectory": plan.pipe_dir, "logDirectory": plan.log_dir}
             if record.planned_mig or record.mps:
                 self.checkpoint.save(ref.uid)
-            devices = [(s.result["device"], s.placement, self._materialize(s, record),
-                        sharing.get(s.result["request"], Sharing())) for s in steps]
+            devices = [(s.result["device"], s.placement, self._materialize(s, record), self._sharing(s, sharing))
+                       for s in steps]
             if plan is not None:  # what the claim's daemon enforces, recorded as the device plugin does
                 record_limits(self._mps_file(ref.uid), [plan])
                 if daemon:
@@ -176,7 +187,8 @@ class DraDriver:
             record.cdi_spec = str(write_claim_spec(self.cdi_root, ref.uid, spec, self.stand_ins))
             record.devices = [
                 PreparedDevice(request_names=[s.result["request"]], pool=s.result["pool"], device=s.result["device"],
-                               cdi_device_ids=[qualified_name(ref.uid, s.result["device"])])
+                               cdi_device_ids=[qualified_name(ref.uid, s.result["device"])],
+                               share_id=s.result.get("shareID"))
                 for s in steps
             ]
             record.state = COMPLETED
@@ -188,6 +200,18 @@ class DraDriver:
                 log.exception("rolling back claim %s/%s failed", ref.namespace, ref.name)
             raise
         return record.devices
+
+    def _sharing(self, step: _Step, by_request: Mapping[str, Sharing]) -> Sharing:
+        """How a device is shared: a share of a GPU (`consumedCapacity.compute` below 1000 thousandths) runs under
+        MPS with the share as its active-thread percentage (rounded up) and the same share of the GPU's memory as
+        its pinned device-memory limit — whatever the claim's config says, since the share is what the scheduler
+        packed; otherwise the claim's or class's config."""
+        share = share_of(step.result)
+        if share is None:
+            return by_request.get(step.result["request"], Sharing())
+        memory = next((o.gpu.memory_mib for o in self.offers if o.gpu.index == step.placement.gpu_index), 0)
+        return Sharing(strategy="MPS", thread_percentage=max(1, math.ceil(share / 10)),
+                       pinned_memory_mib=memory * share // WHOLE)
 
     def _steps(self, results: list[dict[str, str]]) -> list[_Step]:
         """Each device's placement and what it needs, checked against the GPUs (reads only: nothing changes)."""

@@ -51,7 +51,8 @@ def _servicer(pb: ModuleType, base: type, driver: DraDriver) -> Any:
                     continue
                 for device in result.devices:
                     entry.devices.add(request_names=device.request_names, pool_name=device.pool,
-                                      device_name=device.device, cdi_device_ids=device.cdi_device_ids)
+                                      device_name=device.device, cdi_device_ids=device.cdi_device_ids,
+                                      share_id=device.share_id)
             return response
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:

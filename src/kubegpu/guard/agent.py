@@ -10,21 +10,32 @@ Acting on a pod over its share (`--action`):
   (a PodDisruptionBudget protects the pod) kills only the offending processes instead;
 * kill-process: the condition, the Event, and the offending processes killed; the pod stays;
 * warn: the Event and the metric only.
+
+A pod is judged by the share its devices were allocated with (the device plugin's share record,
+`kubegpu.sharing.allocations`), not by what today's config would give it; only devices with no record fall back to
+today's derivation. While the device plugin switches configs the node is read in a half-switched state, so the
+guard decides and reports but does not act until the hand-over has settled. A process is killed only after its
+cgroup is read again, through a pidfd (`kill_host_process`): its PID was read before the API calls of the round.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import logging
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.clock import Clock, RealClock
 from kubegpu.errors import KubegpuError
+from kubegpu.files import file_identity
 from kubegpu.gpu.backend import GpuBackend, GpuDevice, MigDevice
 from kubegpu.guard.core import Action, Decision, EntityKey, EntityReading, GuardAction, Policy, ProcessReading, decide
 from kubegpu.guard.holdings import PodKey, build_holdings, pod_key
@@ -32,9 +43,10 @@ from kubegpu.guard.procs import ProcReader
 from kubegpu.kube.cluster import Cluster, format_timestamp, record_event
 from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.metrics import GuardMetrics, GuardReading
+from kubegpu.sharing.allocations import HANDOVER_SETTLE_S, ShareRecord, read_record
 from kubegpu.sharing.attribution import ContainerDevices
 from kubegpu.sharing.names import SharingKind
-from kubegpu.sharing.shares import DeviceShare
+from kubegpu.sharing.shares import DeviceShare, with_recorded
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +71,52 @@ class Assignments(Protocol):
 
 Evictor = Callable[[str, str], bool]
 """(namespace, name) → True when evicted (or already gone), False when a PodDisruptionBudget refuses (429)."""
-Killer = Callable[[int], None]
+class KillOutcome(StrEnum):
+    KILLED = "killed"
+    GONE = "gone"  # the process had exited already: nothing left to kill, its memory is the driver's again
+    NOT_OURS = "not-ours"  # its PID now names a process of someone else: left alone
+    DENIED = "denied"
 
 
-def kill_host_process(pid: int) -> None:
-    """SIGKILL a process in the host's PID namespace (the DaemonSet runs with hostPID); one already gone is fine."""
+Killer = Callable[[int, Callable[[], bool]], KillOutcome]
+"""(pid, still ours) → what became of the process. `still ours` re-reads the PID's cgroup and must be asked after
+the process is pinned and before the signal, so a PID recycled since the reading is never hit."""
+
+
+def kill_host_process(pid: int, still_ours: Callable[[], bool]) -> KillOutcome:
+    """SIGKILL a process in the host's PID namespace (the DaemonSet runs with hostPID), if it is still the pod's.
+
+    The PID was read from the driver a while ago, with API calls in between: the process may have exited and its
+    PID gone to another process. So the process is pinned first — a pidfd refers to that one process for good —
+    then its cgroup is checked again, and the signal goes through the pidfd: a process that exits after the check
+    makes the signal fail (ESRCH) instead of hitting whatever took its PID. Where pidfds are missing (kernels before
+    5.3, non-Linux) the check runs right before a plain kill, which leaves only the instants between the two."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    fd: int | None = None
     try:
-        os.kill(pid, signal.SIGKILL)
+        if pidfd_open is not None and send is not None:
+            try:
+                fd = pidfd_open(pid)
+            except OSError as exc:
+                if exc.errno != errno.ENOSYS:
+                    raise
+        if not still_ours():
+            log.info("process %d no longer belongs to the pod; not killed", pid)
+            return KillOutcome.NOT_OURS
+        if fd is not None and send is not None:
+            send(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return KillOutcome.KILLED
     except ProcessLookupError:
-        pass
+        return KillOutcome.GONE
     except PermissionError:
         log.warning("not allowed to kill process %d", pid)
+        return KillOutcome.DENIED
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 @dataclass
@@ -84,17 +131,22 @@ class NodeReading:
 class RoundResult:
     decision: Decision
     done: list[tuple[Action, str]] = field(default_factory=list)  # (action, what happened: evicted, killed, ...)
+    held: bool = False  # a config hand-over was under way: the decision was made, nothing was done
 
 
 class Guard:
     """One node's guard. `shares_for` turns the node's GPUs into device shares (the device plugin's config when
-    given, else the kubelet's allocatable IDs); `evict` and `kill` are the two ways to act."""
+    given, else the kubelet's allocatable IDs); `share_record` is the device plugin's record of the share each
+    device ID was allocated with, which wins over both (a pod is judged by the share it was admitted under); `evict`
+    and `kill` are the two ways to act. While the record says the device plugin is switching configs (or finished
+    less than `handover_settle_s` ago), the guard reads and reports but does not act."""
 
     def __init__(self, backend: GpuBackend, cluster: Cluster, node_name: str, assignments: Assignments,
                  evict: Evictor, policy: Policy, metrics: GuardMetrics | None = None,
                  proc: ProcReader | None = None, kill: Killer = kill_host_process,
                  shares_for: Callable[[list[GpuDevice], list[MigDevice]], Mapping[str, DeviceShare]] | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, share_record: Path | None = None,
+                 handover_settle_s: float = HANDOVER_SETTLE_S) -> None:
         self.backend = backend
         self.cluster = cluster
         self.node_name = node_name
@@ -106,6 +158,10 @@ class Guard:
         self.kill = kill
         self.shares_for = shares_for
         self.clock: Clock = clock or RealClock()
+        self.share_record = share_record
+        self.handover_settle_s = handover_settle_s
+        self._share_cache: tuple[object, ShareRecord | None] = (None, None)  # (file identity, what it held)
+        self._held = False  # acting is held for a config hand-over (logged once per hand-over)
         self._pods: dict[PodKey, dict[str, Any]] = {}
         self._pods_for: frozenset[PodKey] | None = None
         self._warned: set[tuple[str, EntityKey, str]] = set()  # only to fold repeated warn Events; no decision uses it
@@ -132,12 +188,27 @@ class Guard:
                                                 owner.pod_uid if owner else None))
         return NodeReading(gpus, migs, entities, processes)
 
-    def _shares(self, gpus: list[GpuDevice], migs: list[MigDevice]) -> Mapping[str, DeviceShare]:
+    def _shares(self, gpus: list[GpuDevice], migs: list[MigDevice],
+                record: ShareRecord | None) -> Mapping[str, DeviceShare]:
+        """Each device ID's share: as recorded at its allocation; for IDs with no record, what the config (or the
+        kubelet's allocatable IDs) gives today — the only source for pods allocated before recording began."""
         if self.shares_for is not None:
-            return self.shares_for(gpus, migs)
-        from kubegpu.sharing.shares import shares_from_allocatable
+            current = self.shares_for(gpus, migs)
+        else:
+            from kubegpu.sharing.shares import shares_from_allocatable
 
-        return shares_from_allocatable(self.assignments.allocatable() or [], gpus, migs)
+            current = shares_from_allocatable(self.assignments.allocatable() or [], gpus, migs)
+        return current if record is None else with_recorded(current, record.devices, gpus, migs)
+
+    def _read_record(self) -> ShareRecord | None:
+        """The device plugin's share record (re-parsed only when the file changed); a torn or foreign one raises
+        CorruptStateError, and the round does nothing rather than judge pods by guessed shares."""
+        if self.share_record is None:
+            return None
+        identity = file_identity(self.share_record)
+        if identity is None or identity != self._share_cache[0]:
+            self._share_cache = (identity, read_record(self.share_record) if identity is not None else None)
+        return self._share_cache[1]
 
     def _list_pods(self) -> None:
         pods = self.cluster.list("Pod", field_selector=f"spec.nodeName={self.node_name}")
@@ -188,7 +259,8 @@ class Guard:
         containers = self.assignments.list()
         if containers is None:
             return RoundResult(Decision())
-        shares = self._shares(reading.gpus, reading.migs)
+        record = self._read_record()
+        shares = self._shares(reading.gpus, reading.migs, record)
         holders = frozenset((c.namespace, c.pod) for c in containers)
         if holders != self._pods_for:
             self._list_pods()
@@ -205,6 +277,14 @@ class Guard:
                       ", ".join(f"{u.holding.pod} on {u.holding.entity[0]}: {u.used_mib}/{u.holding.share_mib} MiB"
                                 for u in decision.usage) or "no pod on a shared GPU")
         result = RoundResult(decision)
+        if record is not None and record.handover.running(self.clock.now(), self.handover_settle_s):
+            if decision.actions and not self._held:
+                log.info("the device plugin is switching configs: not acting on %s until it is done",
+                         ", ".join(f"{a.holding.namespace}/{a.holding.pod}" for a in decision.actions))
+            self._held = True
+            result.held = True
+            return result
+        self._held = False
         for action in decision.actions:
             result.done.append((action, self._act(action)))
         return result
@@ -234,23 +314,38 @@ class Guard:
                 return "evicted"
             log.info("%s/%s is protected by a PodDisruptionBudget; killing process(es) %s instead",
                      holding.namespace, holding.pod, ", ".join(map(str, action.pids)))
-            self._kill(action)
+            killed = self._kill(action)
+            if not killed:
+                return "not killed (pdb; its processes' PIDs are someone else's now)"
             self._event(pod, f"{message}; a PodDisruptionBudget refused the eviction, so the offending process(es) "
-                             f"{', '.join(map(str, action.pids))} were killed", EVENT_REASON)
+                             f"{', '.join(map(str, killed))} were killed", EVENT_REASON)
             self.metrics.actions.labels("kill-process", "pdb-protected").inc()
             return "killed (pdb)"
-        self._kill(action)
-        self._event(pod, f"{message}; killed process(es) {', '.join(map(str, action.pids))}", EVENT_REASON)
+        killed = self._kill(action)
+        if not killed:
+            return "not killed (its processes' PIDs are someone else's now)"
+        self._event(pod, f"{message}; killed process(es) {', '.join(map(str, killed))}", EVENT_REASON)
         self.metrics.actions.labels("kill-process", action.reason.value).inc()
         return "killed"
 
-    def _kill(self, action: Action) -> None:
+    def _kill(self, action: Action) -> list[int]:
+        """Kill the action's processes that still belong to its pod (each re-checked right before its signal);
+        the PIDs that are no more (killed, or exited already)."""
+        killed = []
         for pid in action.pids:
-            self.kill(pid)
+            outcome = self.kill(pid, partial(self._still_owned, pid, action.holding.uid))
+            if outcome not in (KillOutcome.KILLED, KillOutcome.GONE):
+                continue
+            killed.append(pid)
             remove = getattr(self.backend, "remove_process", None)  # a simulated node: the driver frees it
             if remove is not None:
                 with contextlib.suppress(KubegpuError):
                     remove(action.holding.entity[0], pid)
+        return killed
+
+    def _still_owned(self, pid: int, pod_uid: str) -> bool:
+        owner = self.proc.owner(pid)
+        return owner is not None and owner.pod_uid == pod_uid
 
     def _condition(self, pod: Mapping[str, Any], share_mib: int, used_mib: int, gpu: str) -> None:
         if not pod:

@@ -69,6 +69,11 @@ def register(app: typer.Typer) -> None:
                                                 "limits); without it shares come from the kubelet's device IDs."),
         mps_slices_file: Path | None = typer.Option(None, "--mps-slices-file", envvar="KUBEGPU_MPS_SLICES_FILE",
                                                     help="MPS memory-slice file the partition agent writes."),
+        share_record_file: Path | None = typer.Option(
+            None, "--share-record-file", envvar="KUBEGPU_SHARE_RECORD_FILE",
+            help="The device plugin's record of each device's share at allocation (its --share-record-file): "
+                 "pods are judged by the share they were admitted under, and nothing is done while it switches "
+                 "configs."),
         pod_resources_socket: Path = typer.Option(Path(DEFAULT_POD_RESOURCES_SOCKET), "--pod-resources-socket",
                                                   "--pod-resources-kubelet-socket",
                                                   envvar="KUBEGPU_POD_RESOURCES_SOCKET",
@@ -99,7 +104,7 @@ def register(app: typer.Typer) -> None:
         if metrics_address:
             serve_metrics(metrics_address, metrics.registry)
         guard = Guard(backend, cluster, node, PodResourcesClient(pod_resources_socket), partial(evict_pod, cluster),
-                      policy, metrics, ProcReader(proc_root), shares_for=shares_for)
+                      policy, metrics, ProcReader(proc_root), shares_for=shares_for, share_record=share_record_file)
         if once:
             result = guard.run_once()
             for usage in result.decision.usage:
@@ -125,21 +130,31 @@ def register(app: typer.Typer) -> None:
 
 
 def _config_shares(config: Path, mps_slices_file: Path | None) -> SharesFor:
-    """Device shares from the device plugin's own config and MPS slices: the exact source (MPS limits included)."""
+    """Device shares from the device plugin's own config and MPS slices: the exact source (MPS limits included).
+    The config is read again whenever the file changes (the config manager re-points it on a switch), so devices
+    with no share record are judged by the config the node runs now. A bad config is an error at start; later it
+    fails the round (nothing is done on a config that cannot be read)."""
     from kubegpu.config.deviceplugin_models import parse_device_plugin_config
-    from kubegpu.files import load_yaml_file
+    from kubegpu.files import file_identity, load_yaml_file
     from kubegpu.sharing.devices import devices_by_resource
     from kubegpu.sharing.mps import read_slices
     from kubegpu.sharing.shares import shares_from_inventory
 
-    raw = load_yaml_file(config)
-    parse_device_plugin_config(raw, str(config))
+    def load() -> object:
+        raw = load_yaml_file(config)
+        parse_device_plugin_config(raw, str(config))
+        return raw
+
+    loaded: list[tuple[object, object]] = [(file_identity(config), load())]
 
     def shares_for(gpus: list[GpuDevice], migs: list[MigDevice]) -> dict[str, DeviceShare]:
+        identity = file_identity(config)
+        if identity != loaded[0][0]:
+            loaded[0] = (identity, load())
         by_gpu: dict[int, list[MigDevice]] = {}
         for mig in migs:
             by_gpu.setdefault(mig.gpu_index, []).append(mig)
         slices = read_slices(mps_slices_file) if mps_slices_file is not None else None
-        return shares_from_inventory(devices_by_resource(gpus, by_gpu, raw, slices))
+        return shares_from_inventory(devices_by_resource(gpus, by_gpu, loaded[0][1], slices))
 
     return shares_for

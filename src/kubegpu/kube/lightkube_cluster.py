@@ -19,23 +19,26 @@ import builtins
 import json
 import math
 import os
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 import lightkube
 import yaml
 from lightkube import ALL_NS, KubeConfig
-from lightkube.core.exceptions import NotReadyError
+from lightkube.core.exceptions import LoadResourceError, NotReadyError
 from lightkube.core.generic_client import WatchDriver
+from lightkube.core.resource_registry import resource_registry
 from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.core_v1 import Binding, ConfigMap, Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -51,8 +54,9 @@ from kubegpu.kube.selectors import parse_field_selector, parse_label_selector
 DRAIN_WINDOW_S = 0.3
 _TYPED: dict[str, Any] = {
     "Node": Node, "Pod": Pod, "ConfigMap": ConfigMap, "Event": Event, "DaemonSet": DaemonSet, "Lease": Lease,
-    "PodDisruptionBudget": PodDisruptionBudget,
+    "PodDisruptionBudget": PodDisruptionBudget, "Binding": Binding,
 }
+_ANSWERED_WITH_STATUS = frozenset({"Binding"})
 _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON, "strategic": PatchType.STRATEGIC}
 
 
@@ -82,7 +86,8 @@ class LightkubeCluster(Cluster):
 
         def once() -> dict[str, Any]:
             with _api_errors(f"get {kind} {name}", self.client):
-                return _as_dict(self.client.get(resource, name, namespace=_namespace(spec, namespace)))
+                return first_decode((resource, "one"), lambda: _as_dict(
+                    self.client.get(resource, name, namespace=_namespace(spec, namespace))))
 
         return self.retry.call(once, is_transient)
 
@@ -97,15 +102,17 @@ class LightkubeCluster(Cluster):
         labels, fields = _selectors(kind, label_selector, field_selector)
 
         def once() -> tuple[builtins.list[dict[str, Any]], str]:
-            with _api_errors(f"list {kind}", self.client):
+            def read() -> tuple[builtins.list[dict[str, Any]], str]:
                 listing = self.client.list(resource, namespace=_list_namespace(spec, namespace), labels=labels,
                                            fields=fields)
                 items = [_as_dict(item) for item in listing]
                 try:
-                    version = listing.resourceVersion
+                    return items, listing.resourceVersion
                 except NotReadyError:  # an empty first page may carry no resourceVersion
-                    version = ""
-            return items, version
+                    return items, ""
+
+            with _api_errors(f"list {kind}", self.client):
+                return first_decode((resource, "list"), read)
 
         items, version = self.retry.call(once, is_transient)
         items.sort(key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
@@ -125,6 +132,9 @@ class LightkubeCluster(Cluster):
             metadata.pop("namespace", None)
         body["metadata"] = metadata
         name = metadata.get("name") or metadata.get("generateName", "")
+        if kind in _ANSWERED_WITH_STATUS:
+            return self.retry.call(lambda: self._post_for_status(kind, resource.from_dict(body), metadata, body),
+                                   _rejected_unprocessed)
         attempts = 0
 
         def once() -> dict[str, Any]:
@@ -132,7 +142,8 @@ class LightkubeCluster(Cluster):
             attempts += 1
             try:
                 with _api_errors(f"create {kind} {name}", self.client):
-                    return _as_dict(self.client.create(resource.from_dict(body), namespace=metadata.get("namespace")))
+                    return first_decode((resource, "one"), lambda: _as_dict(
+                        self.client.create(resource.from_dict(body), namespace=metadata.get("namespace"))))
             except Conflict as exc:
                 # a retried create of a fixed name meeting AlreadyExists: the first attempt went through before its
                 # answer was lost; return that object instead of failing (or, worse, creating a second one)
@@ -141,6 +152,15 @@ class LightkubeCluster(Cluster):
                 raise
 
         return self.retry.call(once, is_transient if metadata.get("name") else _rejected_unprocessed)
+
+    def _post_for_status(self, kind: str, obj: Any, metadata: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """POST a create-only kind the server answers with a `Status` (a Binding): nothing to decode as the kind."""
+        generic = self.client._client
+        with _api_errors(f"create {kind} {metadata.get('name')}", self.client):
+            request = generic.prepare_request("post", obj=obj, namespace=metadata.get("namespace"))
+            request.response_type = None
+            generic.handle_response("post", generic.send(generic.build_adapter_request(request)), request)
+        return body
 
     def patch(
         self,
@@ -160,8 +180,8 @@ class LightkubeCluster(Cluster):
 
         def once() -> dict[str, Any]:
             with _api_errors(f"patch {kind} {name}", self.client):
-                return _as_dict(self.client.patch(target, name, patch, namespace=_namespace(spec, namespace),
-                                                  patch_type=_PATCH_TYPES[patch_type]))
+                return first_decode((target, "one"), lambda: _as_dict(self.client.patch(
+                    target, name, patch, namespace=_namespace(spec, namespace), patch_type=_PATCH_TYPES[patch_type])))
 
         # merge/strategic patches land on the same object however often they are sent; a JSON patch may not
         return self.retry.call(once, _rejected_unprocessed if patch_type == "json" else is_transient)
@@ -175,7 +195,8 @@ class LightkubeCluster(Cluster):
             attempts += 1
             try:
                 with _api_errors(f"delete {kind} {name}", self.client):
-                    self.client.delete(resource, name, namespace=_namespace(spec, namespace))
+                    first_decode((resource, "delete"),
+                                  lambda: self.client.delete(resource, name, namespace=_namespace(spec, namespace)))
             except NotFound:
                 if attempts == 1:  # gone before we asked; after a lost answer, gone because of us
                     raise
@@ -237,7 +258,7 @@ class LightkubeCluster(Cluster):
                                 if bookmarks:
                                     yield WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": version}})
                             continue
-                        event_type, obj = driver.process_one_line(line)
+                        event_type, obj = first_decode((resource, "watch"), partial(driver.process_one_line, line))
                         yield WatchEvent(event_type, _as_dict(obj))
                         if deadline is not None and time.monotonic() >= deadline:
                             return
@@ -245,6 +266,24 @@ class LightkubeCluster(Cluster):
                     return
                 finally:
                     response.close()
+
+
+_DECODE_LOCK = threading.Lock()
+_DECODED: set[tuple[Any, str]] = set()
+T = TypeVar("T")
+
+
+def first_decode(key: tuple[Any, str], call: Callable[[], T]) -> T:
+    """`call()`, alone in the process the first time a response of this kind and shape is decoded. lightkube
+    decodes with msgspec, which builds a model's type information on its first use; two threads building it at
+    once (the informers' first lists share ObjectMeta) crashed the interpreter with SIGSEGV under load. Later calls
+    take no lock. `key`: the resource class and what is decoded (one object, a list, a watch event, a delete)."""
+    if key in _DECODED:
+        return call()
+    with _DECODE_LOCK:
+        result = call()
+        _DECODED.add(key)
+        return result
 
 
 def _kubeconfig() -> KubeConfig:
@@ -273,6 +312,8 @@ def _resource(kind: str) -> tuple[ResourceKind, Any]:
     typed = _TYPED.get(kind)
     if typed is not None:
         return spec, typed
+    with suppress(LoadResourceError):  # a built-in kind lightkube models (a generic class would clash with it)
+        return spec, resource_registry.load(spec.api_version, spec.kind)
     create = create_namespaced_resource if spec.namespaced else create_global_resource
     return spec, create(spec.group, spec.version, spec.kind, spec.plural)
 

@@ -9,6 +9,13 @@ Time: timestamps come from the injected `Clock` (virtual in the simulator). A wa
 waiting in a thread; ``timeout=0`` yields what has already happened and returns without waiting — the simulator
 drains events that way. For the hottest paths, `subscribe` calls back synchronously on every change instead.
 
+Evictions (`evict`, the `pods/eviction` subresource) keep the API server's PodDisruptionBudget rule: the budget is
+computed the way the disruption controller does (`kubegpu.kube.eviction.desired_healthy`) from the pods stored at
+that instant, under the store's lock, so concurrent evictions spend it one at a time and the one that finds it spent
+gets 429. The expected count behind `maxUnavailable` and percentages is the replicas of the pods' controllers where
+the store holds them (spec.replicas, followed up the controller chain), otherwise one per selected pod, and one per
+pod evicted under the budget until a newer pod replaces it (as a ReplicaSet's scale would keep counting it).
+
 Simplifications: a delete takes effect at once (no kubelet grace period for Pods; finalizers still hold it), objects
 are not validated against their schemas, and there is no server-side apply.
 
@@ -32,6 +39,7 @@ from typing import Any
 from kubegpu.clock import Clock, RealClock
 from kubegpu.kube.cluster import PATCH_TYPES, Cluster, WatchEvent, format_timestamp
 from kubegpu.kube.errors import ApiError, BadRequest, Conflict, Gone, Invalid, NotFound
+from kubegpu.kube.eviction import TOO_MANY_REQUESTS, budget_ignored, controller_of, covering_pdbs, refusal, unreplaced
 from kubegpu.kube.patching import clone, json_patch, merge_patch, strategic_merge_patch
 from kubegpu.kube.resources import ResourceKind, resource_kind
 from kubegpu.kube.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
@@ -86,6 +94,7 @@ class MemoryCluster(Cluster):
         self._log_first_rv = 1  # resourceVersion of self._log[0]
         self._subscribers: dict[str, builtins.list[Subscriber]] = {}
         self._uids = 0
+        self._evicted: dict[str, builtins.list[int]] = {}   # PDB uid → uid serials at evictions not yet replaced
 
     # ------------------------------------------------------------------ reads
     @property
@@ -225,6 +234,58 @@ class MemoryCluster(Cluster):
                 metadata = dict(current["metadata"], deletionTimestamp=format_timestamp(self.clock.now()),
                                 deletionGracePeriodSeconds=0)
                 self._commit(kind, key, "MODIFIED", dict(current, metadata=metadata), current)
+
+    def evict(self, namespace: str, name: str) -> None:
+        """The `pods/eviction` subresource: delete the pod unless a PodDisruptionBudget allows no more disruptions
+        now (429 TooManyRequests), or more than one budget covers it (500, which the API server does not support)."""
+        key = (namespace or "default", name)
+        with self._lock:
+            pod = self._objects.get("Pod", {}).get(key)
+            if pod is None:
+                raise NotFound(f"Pod {_describe(key)} not found")
+            pdbs = covering_pdbs(pod, builtins.list(self._objects.get("PodDisruptionBudget", {}).values()))
+            if len(pdbs) > 1:
+                raise ApiError("This pod has more than one PodDisruptionBudget, which the eviction subresource does "
+                               "not support.")
+            if pdbs and not budget_ignored(pod):
+                pdb = dict(pdbs[0])
+                selected = [p for (ns, _), p in self._objects.get("Pod", {}).items()
+                            if ns == key[0] and covering_pdbs(p, [pdb])]
+                why = refusal(pod, pdb, selected, self._expected_scale(pdb, selected))
+                if why is not None:
+                    raise ApiError(why, code=TOO_MANY_REQUESTS, reason="TooManyRequests")
+                if self._controller_scale(pod) is None:   # its slot stays expected until a newer pod fills it
+                    self._evicted.setdefault(pdb["metadata"]["uid"], []).append(self._uids)
+            self.delete("Pod", name, key[0])
+
+    def _controller_scale(self, pod: dict[str, Any]) -> tuple[str, int] | None:
+        """(uid, spec.replicas) of the top of the pod's controller chain the store holds (a ReplicaSet's
+        Deployment), or None when it holds none."""
+        namespace, owner, top = pod["metadata"].get("namespace", ""), controller_of(pod), None
+        while owner is not None:
+            found = self._objects.get(str(owner.get("kind")), {}).get((namespace, str(owner.get("name"))))
+            if found is None:
+                break
+            top, owner = found, controller_of(found)
+        return None if top is None else (top["metadata"]["uid"], int((top.get("spec") or {}).get("replicas", 1)))
+
+    def _expected_scale(self, pdb: dict[str, Any], pods: builtins.list[dict[str, Any]]) -> int:
+        """The pods the budget's workloads want, as the disruption controller reads them: the replicas of each
+        controller the store holds, once; any other pod counts itself, and so does each such pod evicted under
+        this budget until a pod created after its eviction has taken its place (the store runs no controllers, so
+        without that an eviction would shrink the count it is checked against)."""
+        total, counted, serials = 0, set(), builtins.list[int]()
+        for pod in pods:
+            scale = self._controller_scale(pod)
+            if scale is None:
+                total += 1
+                serials.append(uuid.UUID(pod["metadata"]["uid"]).int)
+            elif scale[0] not in counted:
+                counted.add(scale[0])
+                total += scale[1]
+        uid = pdb["metadata"]["uid"]
+        self._evicted[uid] = unreplaced(self._evicted.get(uid, []), serials)
+        return total + len(self._evicted[uid])
 
     # ------------------------------------------------------------------ watches
     def watch(

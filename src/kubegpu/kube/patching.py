@@ -9,17 +9,28 @@
   args, command, ...) are replaced, as the API server does.
   Simplifications: ``$setElementOrder``, ``$retainKeys`` and ``$deleteFromPrimitiveList`` directives are not
   supported (they are rejected as Invalid), and merged items keep the original order with new items appended.
+
+And the one way kubegpu's controllers write a list-valued field several writers share (a Node's taints and
+finalizers, a NodeClaim's finalizers): `update_lists` adds and removes only kubegpu's own entries and sends the
+result with the resourceVersion of the object it was computed from; on 409 Conflict it reads the object again with
+a GET at the server (never an informer's copy) and redoes the edit (`kubegpu.kube.retry.update_with_retry`). A
+merge patch replaces a list whole, so a list rebuilt from an older copy would silently drop whatever another
+controller (the node lifecycle controller's taints, the MIG manager's, a user's finalizer) added since; the
+precondition makes that write fail instead, and the retry redoes it from the new object. Server-side apply is no
+alternative for taints: the API declares Node `spec.taints` an atomic list, so an applier owns (and would replace)
+all of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
 
-from kubegpu.kube.errors import BadRequest, Invalid
+from kubegpu.kube.errors import BadRequest, Conflict, Invalid
+from kubegpu.kube.retry import update_with_retry
 
 
 def clone(value: Any) -> Any:
@@ -154,3 +165,92 @@ def _merge_list(target: Any, patch: list[Any], spec: MergeList, path: str) -> li
         else:
             merged[position] = _merge_map(merged[position], item, spec.items, f"{path}/{item[spec.key]}")
     return merged
+
+
+# ---------------------------------------------------------------------------------------------- shared lists
+def taint_identity(taint: Any) -> Any:
+    """Two taints are one when key and effect agree (the value does not make another one, as in the API)."""
+    return (taint.get("key"), taint.get("effect")) if isinstance(taint, Mapping) else taint
+
+
+def _same(item: Any) -> Any:
+    return item
+
+
+@dataclass(frozen=True)
+class ListEdit:
+    """Entries of the list at `path` to have present (`add`: an entry already there under the same identity is left
+    as it is) and absent (`remove`: every entry with one of their identities goes). `identity`: what makes two
+    entries one (taints: `taint_identity`); by default the entries themselves (finalizers: a set of strings)."""
+
+    path: tuple[str, ...]
+    add: tuple[Any, ...] = ()
+    remove: tuple[Any, ...] = ()
+    identity: Callable[[Any], Any] = _same
+
+    def applied(self, items: Sequence[Any] | None) -> list[Any]:
+        """`items` after this edit; every other entry stays, in its place."""
+        gone = {self.identity(item) for item in self.remove}
+        kept = [item for item in items or () if self.identity(item) not in gone]
+        present = {self.identity(item) for item in kept}
+        for item in self.add:
+            if self.identity(item) not in present:
+                kept.append(clone(item))
+                present.add(self.identity(item))
+        return kept
+
+
+def _at(obj: Any, path: Sequence[str]) -> Any:
+    for step in path:
+        obj = obj.get(step) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def _put(patch: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for step in path[:-1]:
+        patch = patch.setdefault(step, {})
+    patch[path[-1]] = value
+
+
+def _holds(current: Any, wanted: Any) -> bool:
+    """Whether a merge patch `wanted` would leave `current` as it is."""
+    if not isinstance(wanted, Mapping):
+        return bool(current == wanted)
+    return all((key not in current if isinstance(current, Mapping) else True) if value is None
+               else _holds(current.get(key) if isinstance(current, Mapping) else None, value)
+               for key, value in wanted.items())
+
+
+def update_lists(cluster: Any, kind: str, name: str, edits: Sequence[ListEdit], also: Mapping[str, Any] | None = None,
+                 namespace: str | None = None, seen: Mapping[str, Any] | None = None,
+                 attempts: int = 10) -> dict[str, Any] | None:
+    """Apply `edits` (and the merge patch `also`: labels, annotations, in the same write) to the object under a
+    resourceVersion precondition, read again at the server and redone on 409 (see the module docstring).
+
+    `seen`: the caller's copy (an informer's), tried first with its own resourceVersion, which saves the GET when
+    it is current and costs one 409 when it is not. Returns the object written, or None when it already was as
+    asked (nothing is sent). NotFound is raised."""
+
+    def mutate(current: Mapping[str, Any]) -> dict[str, Any] | None:
+        patch: dict[str, Any] = clone(dict(also or {}))
+        changed = not _holds(current, patch)
+        for edit in edits:
+            before = _at(current, edit.path)
+            after = edit.applied(before)
+            if after != list(before or ()):
+                _put(patch, edit.path, after or None)
+                changed = True
+        return patch if changed else None
+
+    version = ((seen or {}).get("metadata") or {}).get("resourceVersion")
+    if seen is not None and version:
+        patch = mutate(seen)
+        if patch is None:
+            return None
+        patch.setdefault("metadata", {})["resourceVersion"] = version
+        try:
+            written: dict[str, Any] = cluster.patch(kind, name, patch, namespace=namespace)
+            return written
+        except Conflict:
+            pass   # the copy was behind the server: from its object now
+    return update_with_retry(cluster, kind, name, mutate, namespace=namespace, attempts=attempts)

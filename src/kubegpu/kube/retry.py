@@ -73,11 +73,14 @@ def update_with_retry(
     for it (None: nothing to do), send the patch carrying the resourceVersion read, and on 409 Conflict read again.
 
     The resourceVersion makes the API server refuse the write when anyone changed the object after our read, so the
-    patch is always computed from the latest object. Returns the updated object (or None when `mutate` declined).
+    patch is always computed from the latest object. The read is a GET at the server even when `cluster` is an
+    informer cache (`InformedCluster.store`): a cache lagging behind would only meet 409 after 409. Returns the
+    updated object (or None when `mutate` declined).
     """
     last: Conflict | None = None
+    server = getattr(cluster, "store", None) or cluster   # through an informer cache: the read is the server's
     for _ in range(attempts):
-        current = cluster.get(kind, name, namespace)
+        current = server.get(kind, name, namespace)
         patch = mutate(current)
         if patch is None:
             return None

@@ -1,12 +1,20 @@
 """`kubegpu operator`: the ClusterPolicy controller on a real API server — kopf (standalone) for the watch and
 retry machinery, a Lease for leader election, lightkube for server-side apply. The decisions are in passes.py and
 below it; the handlers here only call `run_pass` and decide when to run it next.
+
+Every read of a pass comes from informers (`kubegpu.kube.informer`): the ClusterPolicies, Nodes and Pods, and each
+kind the operator owns narrowed to its objects (the `kubegpu.io/clusterpolicy` label). An idle operator sends no
+LIST, however often its requeue loop looks. A kind the API server does not serve when the operator starts
+(prometheus-operator's ServiceMonitor, a beta admission kind) is looked up in discovery (a GET) on each pass until it
+is, then informed too. Writes stay server-side apply; what a status write returns goes into the cache, and the
+policy kopf reports is taken in before the pass it triggers, so a pass never reads a policy older than its event.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -20,14 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.eviction import evict_with_client
+from kubegpu.kube.informer import InformedCluster, cache_trusted
+from kubegpu.kube.resources import KINDS, ResourceKind, register_kind
 from kubegpu.metrics import OperatorMetrics
 from kubegpu.operator import reconcile as R
 from kubegpu.operator.metrics import observe_pass
 from kubegpu.operator.policy import GROUP, PLURAL, VERSION
-from kubegpu.operator.render import MANAGER
+from kubegpu.operator.render import MANAGER, OWNER_LABEL
 
 if TYPE_CHECKING:
-    from kubegpu.kube import Cluster
+    from prometheus_client.registry import CollectorRegistry
 
 log = logging.getLogger("kubegpu.operator")
 LEASE_NAME = "kubegpu-operator"
@@ -51,24 +61,99 @@ def _register_generic_resources() -> None:
     create_global_resource(GROUP, VERSION, "ClusterPolicy", PLURAL)
 
 
+# what the operator owns: (apiVersion, kind, plural, namespaced), so informers can list and watch each kind
+OWNED_KINDS = (
+    ("v1", "ServiceAccount", "serviceaccounts", True), ("v1", "Service", "services", True),
+    ("apps/v1", "DaemonSet", "daemonsets", True), ("apps/v1", "Deployment", "deployments", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
+    ("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", False),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings",
+     False),
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy", "mutatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings", False),
+    ("v1", "ConfigMap", "configmaps", True),
+)
+READ_KINDS = ("ClusterPolicy", "Node", "Pod")  # informed whole: the policies, and what a pass reads of the nodes
+
+
+def register_owned_kinds() -> None:
+    """The owned kinds in kubegpu.kube's registry (those it lacks), so a `Cluster` can serve them."""
+    for api_version, kind, plural, namespaced in OWNED_KINDS:
+        if kind not in KINDS:
+            group, _, version = api_version.rpartition("/")
+            register_kind(ResourceKind(kind, group, version, plural, namespaced=namespaced, status_subresource=False,
+                                       strategic_merge=not group.endswith("coreos.com")))
+
+
+def served_kinds(client: Any, kinds: list[tuple[str, str]]) -> set[str]:
+    """Which of `kinds` ((apiVersion, kind) pairs) the API server serves, from its discovery documents: one GET per
+    group version, never a LIST."""
+    http = client._client._client  # lightkube's httpx client: base URL and credentials set
+    served: set[str] = set()
+    for api_version in dict.fromkeys(v for v, _ in kinds):
+        response = http.get("/api/v1" if api_version == "v1" else f"/apis/{api_version}")
+        if response.status_code == 404:
+            continue  # the group version is not served at all
+        if response.status_code >= 400:
+            raise KubegpuError(f"discovery {api_version}: HTTP {response.status_code}")
+        names = {r.get("kind") for r in response.json().get("resources") or () if "/" not in r.get("name", "")}
+        served |= {kind for version, kind in kinds if version == api_version and kind in names}
+    return served
+
+
 class LightkubeOperatorApi:
-    """OperatorApi over a lightkube Client: server-side apply as field manager `kubegpu-operator`."""
+    """OperatorApi over a lightkube Client: server-side apply as field manager `kubegpu-operator`; reads from
+    informers once `inform` has started them (before that, and in tests that never call it, from the server)."""
 
-    OWNED = (("v1", "ServiceAccount"), ("v1", "Service"), ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"),
-             ("rbac.authorization.k8s.io/v1", "ClusterRole"), ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-             ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-             ("node.k8s.io/v1", "RuntimeClass"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
-             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
-             ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"),
-             ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"), ("v1", "ConfigMap"))
+    OWNED = tuple((api_version, kind) for api_version, kind, _, _ in OWNED_KINDS)
 
-    def __init__(self, client: Any = None, informer: Cluster | None = None) -> None:
+    def __init__(self, client: Any = None, informer: InformedCluster | None = None) -> None:
         import lightkube
 
         _register_generic_resources()
         self.client = client or lightkube.Client(field_manager=MANAGER)
-        self.informer = informer  # Nodes and Pods from watches (`kubegpu.kube.informer`): a pass lists nothing
+        self.informer = informer  # policies, Nodes, Pods and the owned kinds served at start, from watches
+        self.late: dict[str, InformedCluster] = {}  # owned kinds first served after the start, one informer each
+
+    def inform(self, store: Any = None) -> InformedCluster:
+        """Start the informers: the policies, Nodes, Pods, and every owned kind the server serves (by the owner
+        label). `store`: the `Cluster` they read (default: a LightkubeCluster from the same configuration)."""
+        from kubegpu.kube.lightkube_cluster import LightkubeCluster
+
+        register_owned_kinds()
+        owned = sorted(served_kinds(self.client, list(self.OWNED)))
+        self.informer = InformedCluster(store or LightkubeCluster(), (*READ_KINDS, *owned),
+                                        selectors={kind: OWNER_LABEL for kind in owned})
+        return self.informer
+
+    def trusted(self) -> bool:
+        """Whether every informer's cache may be acted on (none stale; see `kubegpu.kube.informer`)."""
+        return all(cache_trusted(source) for source in (self.informer, *self.late.values()))
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        if self.informer is not None:
+            self.informer.register_metrics(registry, "operator")
+
+    def observe(self, obj: dict[str, Any]) -> None:
+        """An object read elsewhere (kopf's event, a write's answer) into the cache, unless it holds newer."""
+        if self.informer is not None:
+            self.informer.observe(obj)
+
+    def _owned_source(self, api_version: str, kind: str) -> InformedCluster | None:
+        """The informer holding an owned kind; None while the server does not serve it (then nothing of it
+        exists to find). A kind not served at the start is looked up in discovery on each call until it is."""
+        assert self.informer is not None
+        if kind in self.informer.kinds:
+            return self.informer
+        late = self.late.get(kind)
+        if late is None and served_kinds(self.client, [(api_version, kind)]):
+            late = self.late[kind] = InformedCluster(self.informer.store, (kind,), selectors={kind: OWNER_LABEL})
+        return late
 
     @staticmethod
     def _kind(api_version: str, kind: str) -> Any:
@@ -82,6 +167,8 @@ class LightkubeOperatorApi:
         return result
 
     def list_policies(self) -> list[dict[str, Any]]:
+        if self.informer is not None:
+            return self.informer.list("ClusterPolicy")
         return [self._dict(p) for p in self.client.list(self._kind(f"{GROUP}/{VERSION}", "ClusterPolicy"))]
 
     def patch_policy_status(self, name: str, status: dict[str, Any]) -> None:
@@ -90,7 +177,8 @@ class LightkubeOperatorApi:
 
         resource = self._kind(f"{GROUP}/{VERSION}", "ClusterPolicy")
         try:
-            self.client.patch(resource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+            live = self.client.patch(resource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+            self.observe({**self._dict(live), "kind": "ClusterPolicy"})  # the next pass reads its own status
         except ApiError as exc:
             if exc.status.code != 404:  # deleted meanwhile: nobody to report to
                 raise KubegpuError(f"ClusterPolicy {name} status: {exc.status.message}") from None
@@ -103,11 +191,11 @@ class LightkubeOperatorApi:
         return self._dict(live)
 
     def list_owned(self, policy: str, namespace: str) -> list[dict[str, Any]]:
+        if self.informer is not None:
+            return self._list_owned_informed(policy, namespace)
         import httpx2
         from lightkube import ApiError
         from lightkube.core.resource import NamespacedResource
-
-        from kubegpu.operator.render import OWNER_LABEL
 
         out: list[dict[str, Any]] = []
         for api_version, kind in self.OWNED:
@@ -125,6 +213,19 @@ class LightkubeOperatorApi:
             except httpx2.HTTPStatusError as exc:
                 if exc.response.status_code != 404:  # a kind the server does not serve (no prometheus-operator)
                     raise KubegpuError(f"list {kind}: HTTP {exc.response.status_code}") from None
+        return out
+
+    def _list_owned_informed(self, policy: str, namespace: str) -> list[dict[str, Any]]:
+        from kubegpu.kube.resources import resource_kind
+
+        out: list[dict[str, Any]] = []
+        for api_version, kind in self.OWNED:
+            source = self._owned_source(api_version, kind)
+            if source is None:
+                continue
+            scope = namespace if resource_kind(kind).namespaced else None
+            out += [{**o, "apiVersion": api_version, "kind": kind}
+                    for o in source.list(kind, scope, f"{OWNER_LABEL}={policy}")]
         return out
 
     def delete(self, key: R.Key) -> None:
@@ -222,6 +323,8 @@ class Scheduler:
         now = time.time()
         if not force and now < self.due.get(name, 0.0):
             return None
+        if not cache_trusted(self.api):  # watches broken too long: no pass on a view that may be minutes old
+            return None
         with self.lock:
             stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             result = run_pass(self.api, name, self.namespace, now, stamp)
@@ -289,8 +392,11 @@ def build_registry(scheduler: Scheduler) -> Any:
         return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def policy_changed(name: str, type: str | None, **_: Any) -> None:
+    def policy_changed(name: str, type: str | None, body: Any = None, **_: Any) -> None:
         if type != "DELETED":
+            observe = getattr(scheduler.api, "observe", None)
+            if observe is not None and body is not None:  # kopf's watch may be ahead of the informer's
+                observe(json.loads(json.dumps(body, default=dict)))
             scheduler.run(name, force=True)
             other = scheduler.active()
             if other is not None and other != name:
@@ -318,12 +424,10 @@ def run(namespace: str, apply_crds_at_start: bool = True, crds_dir: Path | None 
         logging.getLogger(noisy).setLevel(logging.WARNING)  # one line per request otherwise
     stop, lost = threading.Event(), threading.Event()
     _hold_lease(namespace, lost, stop)
-    from kubegpu.kube.informer import InformedCluster
-    from kubegpu.kube.lightkube_cluster import LightkubeCluster
-
-    api = LightkubeOperatorApi(informer=InformedCluster(LightkubeCluster(), ("Node", "Pod")))
+    api = LightkubeOperatorApi()
     if apply_crds_at_start:
         log.info("applied CRDs: %s", ", ".join(apply_crds(api, crds_dir)))
+    api.inform()  # after the CRDs: the ClusterPolicy informer lists a kind that is served
     metrics = None
     if metrics_address:
         from prometheus_client import CollectorRegistry
@@ -332,7 +436,8 @@ def run(namespace: str, apply_crds_at_start: bool = True, crds_dir: Path | None 
 
         registry = CollectorRegistry(auto_describe=False)
         metrics = OperatorMetrics.create(registry)
-        serve_metrics(metrics_address, registry)
+        api.register_metrics(registry)
+        serve_metrics(metrics_address, registry, ready=api.trusted)  # /readyz: 503 while a cache is stale
     scheduler = Scheduler(api, namespace, metrics)
     done = threading.Event()
     threading.Thread(target=_requeue_loop, args=(scheduler, stop, done), name="requeue", daemon=True).start()

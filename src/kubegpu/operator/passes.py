@@ -90,7 +90,8 @@ def run_pass(api: OperatorApi, name: str, namespace: str, now: float, now_text: 
 
 
 def _reconcile(api: OperatorApi, policy: ClusterPolicy, namespace: str, now: float, result: PassResult) -> None:
-    rendered = render(policy, namespace)
+    nodes = api.list_nodes()
+    rendered = render(policy, namespace, [_labels(n) for n in nodes])  # the quota table: the nodes' GPUs
     plan = R.plan(rendered, api.list_owned(policy.name, namespace), policy.name)
     live: dict[R.Key, dict[str, Any]] = {}
     for obj in plan.apply:
@@ -99,7 +100,6 @@ def _reconcile(api: OperatorApi, policy: ClusterPolicy, namespace: str, now: flo
     for key in plan.delete:
         api.delete(key)
         result.deleted.append(key)
-    nodes = api.list_nodes()
     for node in nodes:
         _label_node(api, policy, node, now, result)
     if policy.spec.driver.enabled:

@@ -19,7 +19,7 @@ from kubegpu.config.objects import ApiModel, ObjectMeta
 from kubegpu.errors import ConfigError
 from kubegpu.kube.errors import BadRequest
 from kubegpu.kube.selectors import parse_label_selector
-from kubegpu.sharing.charges import DEFAULT_MODEL, DEFAULT_REPLICAS
+from kubegpu.sharing.charges import DEFAULT_REPLICAS
 from kubegpu.sharing.names import GPU_RESOURCE
 
 GROUP = "kubegpu.io"
@@ -218,8 +218,9 @@ class QuotaSpec(DisabledComponentSpec):
     """GPU quotas in `kubegpu.io/gpu-memory` (docs/quotas.md): the charge policies, their table and the elastic-quota
     controller. The table's inputs are here because the device-plugin config is a ConfigMap the render cannot read."""
 
-    defaultGpuModel: str = Field(default=DEFAULT_MODEL,
-                                 description="model charged for nvidia.com/gpu when a pod selects none")
+    gpuModels: list[str] = Field(default_factory=list,
+                                 description="the cluster's GPU models (catalog keys or GFD products); a whole GPU is "
+                                             "charged the largest a pod may land on. Empty: the whole catalog")
     replicas: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_REPLICAS),
                                      description="replicas of each time-sliced / MPS resource, as the nodes' config")
 

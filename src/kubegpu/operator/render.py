@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -401,7 +401,8 @@ def node_agent_policy(namespace: str, state: str) -> list[dict[str, Any]]:
     ]
 
 
-def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dict[str, Any]]:
+def state_objects(policy: ClusterPolicy, state: str, namespace: str,
+                  gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
     """Objects of one state, in the GPU Operator's file order (ServiceAccount → RBAC → workload → Service)."""
     if state == "pre-requisites":
         return [{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
@@ -414,7 +415,7 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
                           "ports": [{"name": "metrics", "port": 8080, "targetPort": 8080}]}}]
     objects: list[dict[str, Any]] = []
     if state == "state-quota" and policy.spec.quota.enabled:
-        objects += quota_objects(policy, namespace, state)
+        objects += quota_objects(policy, namespace, state, gpu_nodes)
     for op in OPERANDS:
         if op.state != state or not enabled(policy, op):
             continue
@@ -425,13 +426,14 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str) -> list[dic
     return objects
 
 
-def quota_objects(policy: ClusterPolicy, namespace: str, state: str) -> list[dict[str, Any]]:
+def quota_objects(policy: ClusterPolicy, namespace: str, state: str,
+                  gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
     """The charge table (from `spec.quota`) and the admission policies of deploy/kubernetes/quota, in this namespace."""
     from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
     from kubegpu.sharing.charges import ChargeTable
 
     spec = policy.spec.quota
-    table = ChargeTable(default_model=spec.defaultGpuModel, replicas=dict(spec.replicas))
+    table = ChargeTable.for_cluster(spec.gpuModels, gpu_nodes, dict(spec.replicas))  # gpu_nodes: their labels
     objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
     for obj in objects:
         obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
@@ -451,12 +453,13 @@ def owner_reference(policy: ClusterPolicy) -> dict[str, Any] | None:
             "blockOwnerDeletion": True}
 
 
-def render(policy: ClusterPolicy, namespace: str = DEFAULT_NAMESPACE) -> list[tuple[str, list[dict[str, Any]]]]:
+def render(policy: ClusterPolicy, namespace: str = DEFAULT_NAMESPACE,
+           gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[tuple[str, list[dict[str, Any]]]]:
     """(state, objects) for every state in order; a disabled state has no objects (the controller deletes them)."""
     owner = owner_reference(policy)
     out = []
     for state in STATES:
-        objects = state_objects(policy, state, namespace)
+        objects = state_objects(policy, state, namespace, gpu_nodes)
         for obj in objects:
             obj["metadata"]["labels"][OWNER_LABEL] = policy.name
             if owner is not None:

@@ -109,6 +109,8 @@ def partitioner_command(
                                         help="Wall-clock budget for each plan."),
 ) -> None:
     """Re-cut MIG/MPS GPUs on nodes labelled kubegpu.io/gpu-partitioning=mig|mps to fit pending pods."""
+    from prometheus_client import REGISTRY
+
     from kubegpu.kube.informer import InformedCluster, quiet_http_logs
     from kubegpu.kube.leader import LeaderElector
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
@@ -123,7 +125,8 @@ def partitioner_command(
     me = identity or socket.gethostname()
     metrics = PartitionerMetrics.create() if metrics_address else None
     if metrics_address:
-        serve_metrics(metrics_address)
+        cluster.register_metrics(REGISTRY, "partitioner")  # kubegpu_informer_synced; /readyz 503 while stale
+        serve_metrics(metrics_address, ready=cluster.trusted)
     controller = PartitionerController(
         cluster, identity=me, batch_timeout=batch_window_timeout, batch_idle=batch_window_idle,
         elector=LeaderElector(api, me, LEASE_NAME, namespace=lease_namespace, lease_duration=lease_duration),

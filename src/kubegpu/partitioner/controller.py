@@ -17,6 +17,7 @@ from typing import Any
 from kubegpu.errors import KubegpuError
 from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.batching import Batcher
+from kubegpu.kube.informer import cache_trusted
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.metrics import PartitionerMetrics
 from kubegpu.partitionagent import annotations as ann
@@ -97,6 +98,8 @@ class PartitionerController:
         if not self.elector.try_acquire(now):
             self.batcher.reset()
             return TickResult(leader=False)
+        if not cache_trusted(self.cluster):  # watches broken too long: no plan on a view that may be minutes old
+            return TickResult(leader=True)
         self._read_nodes()
         self._read_pods()
         for key in sorted(self._bad_labels):  # a typo would otherwise leave the node silently out

@@ -11,7 +11,7 @@ import typer
 from kubegpu.cliopts import FORMATS, duration_option, emit, legacy_alias, output_option
 from kubegpu.errors import ConfigError
 from kubegpu.files import load_yaml_file
-from kubegpu.sharing.charges import DEFAULT_MODEL, ChargeTable, PodCharge, pod_charge, quantity_of_bytes
+from kubegpu.sharing.charges import DEFAULT_REPLICAS, ChargeTable, PodCharge, pod_charge, quantity_of_bytes
 
 quota_app = typer.Typer(help="GPU quotas in kubegpu.io/gpu-memory: explain a pod's charge, ship the policy.",
                         no_args_is_help=True)
@@ -34,12 +34,41 @@ def _pod_of(document: object, source: str) -> Mapping[str, Any]:
     return {**template, "metadata": template_meta}
 
 
-def _table(config: Path | None, default_model: str) -> ChargeTable:
-    if config is None:
-        return ChargeTable(default_model=default_model)
-    from kubegpu.config.deviceplugin_models import load_device_plugin_config
+def _table(config: Path | None, models: list[str] | None, nodepools: Path | None) -> ChargeTable:
+    """The cluster's models and the GPUs its NodePools may launch (with neither: the whole catalog), and the replicas
+    of a device-plugin config (default: the shipped table's)."""
+    replicas = dict(DEFAULT_REPLICAS)
+    if config is not None:
+        from kubegpu.config.deviceplugin_models import load_device_plugin_config
+        from kubegpu.sharing.charges import replicas_of_config
 
-    return ChargeTable.from_device_plugin_config(load_device_plugin_config(config), default_model)
+        replicas = replicas_of_config(load_device_plugin_config(config))
+    return ChargeTable.for_cluster([m for value in models or () for m in value.split(",") if m], (), replicas,
+                                   _nodepools(nodepools) if nodepools is not None else ())
+
+
+def _nodepools(path: Path) -> list[Mapping[str, Any]]:
+    """NodePool manifests (kubegpu.io/v1 or karpenter.sh/v1): YAML or JSON, multi-document or a List."""
+    from kubegpu.files import parse_yaml_documents, read_text
+
+    pools: list[Mapping[str, Any]] = []
+    for index, document in enumerate(parse_yaml_documents(read_text(path), str(path))):
+        items = document.get("items") if isinstance(document, Mapping) and document.get("kind") == "List" else None
+        for item in items if isinstance(items, list) else [document]:
+            if not isinstance(item, Mapping) or item.get("kind") != "NodePool":
+                raise ConfigError(f"{path}: document {index}: expected a NodePool, got "
+                                  f"{item.get('kind') if isinstance(item, Mapping) else type(item).__name__}")
+            pools.append(item)
+    return pools
+
+
+def _models_option(help_text: str) -> list[str] | None:
+    return typer.Option(None, "--models", metavar="MODEL[,MODEL...]", help=help_text)
+
+
+def _nodepools_option() -> Path | None:
+    return typer.Option(None, "--nodepools", metavar="FILE", help="NodePool manifests (kubegpu.io/v1 or "
+                        "karpenter.sh/v1): the GPUs they may launch join the cluster's.")
 
 
 def _print_table(charge: PodCharge) -> None:
@@ -63,12 +92,19 @@ def explain_command(
     config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config (version: v1): the "
                                        "replicas of time-slicing / MPS resources, as the nodes have them."),
     output: str = output_option("table", FORMATS),
-    default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
-                                      help="GPU model charged for nvidia.com/gpu when the pod selects none."),
+    models: list[str] | None = _models_option("The cluster's GPU models (catalog keys or GFD products; default: "
+                                              "the whole catalog): a whole GPU is charged the largest the pod "
+                                              "may land on."),
+    nodepools: Path | None = _nodepools_option(),
 ) -> None:
     """The kubegpu.io/gpu-memory a pod is charged, line by line."""
-    table = _table(config, default_model)
-    charge = pod_charge(_pod_of(load_yaml_file(file), str(file)), table)
+    table = _table(config, models, nodepools)
+    pod = _pod_of(load_yaml_file(file), str(file))
+    charge = pod_charge(pod, table)
+    claims = [str(c.get("name")) for c in (pod.get("spec") or {}).get("resourceClaims") or () if isinstance(c, Mapping)]
+    if claims:  # stderr: the JSON on stdout stays what scripts parse
+        typer.echo(f"warning: pod {charge.pod} takes devices through ResourceClaims ({', '.join(claims)}), which the "
+                   "charge does not see; DRA is counted per DeviceClass (docs/quotas.md, With DRA)", err=True)
     emit(charge.as_json(), output, table=lambda: _print_table(charge))
 
 
@@ -77,13 +113,14 @@ def manifests_command(
     output_dir: Path = typer.Option(..., "--output-dir", metavar="DIR", help="Directory for the plain manifests."),
     config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config the table's replicas "
                                        "come from (default: nvidia.com/gpu.shared with 4 replicas)."),
-    default_model: str = typer.Option(DEFAULT_MODEL, "--default-model",
-                                      help="GPU model charged for nvidia.com/gpu when a pod selects none."),
+    models: list[str] | None = _models_option("The cluster's GPU models the table lists (default: the whole "
+                                              "catalog)."),
+    nodepools: Path | None = _nodepools_option(),
 ) -> None:
     """Write deploy/kubernetes/quota/ (applied in file-name order): the CRD, the charge table, the policies."""
     from kubegpu.quota.manifests import write_manifests
 
-    for path in write_manifests(output_dir, _table(config, default_model)):
+    for path in write_manifests(output_dir, _table(config, models, nodepools)):
         typer.echo(str(path))
 
 

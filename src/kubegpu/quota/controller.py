@@ -4,6 +4,11 @@ borrowed pods when a team under its `min` needs its guarantee back, and records 
 Driven by `tick(now)` on a `Cluster`, like the partitioner and the autoscaler, so the same code runs against a real
 API server (`kubegpu quota controller`), the in-memory store in tests, and the simulator; one replica acts, the others
 wait on the `kubegpu-quota` Lease. The decision itself is `kubegpu.quota.elastic.decide` (pure).
+
+Pods, Nodes and ElasticQuotas are read through informers (`kubegpu.kube.informer`): listed once, then watched, so an
+idle controller sends no LIST however short its interval. The watch cache can lag a write by another client: a lift
+refused for a stale resourceVersion (409) reads the pod again from the API server, never from the cache. While the
+watches have been broken too long to trust the cache, the controller skips its passes (`cache_trusted`).
 """
 
 from __future__ import annotations
@@ -20,16 +25,18 @@ from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.cluster import parse_timestamp
 from kubegpu.kube.errors import Conflict, NotFound
 from kubegpu.kube.eviction import evict_pod
+from kubegpu.kube.informer import InformedCluster, cache_trusted
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.quota.api import KIND, parse_elastic_quota
 from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
 from kubegpu.scheduling import QUOTA_GATE, is_finished, parse_quantity, pod_requests
-from kubegpu.sharing.charges import quantity_of_bytes
+from kubegpu.sharing.charges import node_gpus_bytes, quantity_of_bytes
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 log = logging.getLogger("kubegpu.quota")
 COMPONENT = "kubegpu-quota"
 LEASE_NAME = "kubegpu-quota"
+INFORMED_KINDS = ("Pod", "Node", KIND)
 
 
 def has_quota_gate(pod: Mapping[str, Any]) -> bool:
@@ -66,18 +73,10 @@ def team_quota(obj: Mapping[str, Any]) -> TeamQuota:
 
 
 def cluster_capacity(nodes: list[dict[str, Any]]) -> float:
-    """The `kubegpu.io/gpu-memory` the cluster's schedulable nodes advertise."""
-    total = 0.0
-    for node in nodes:
-        if (node.get("spec") or {}).get("unschedulable"):
-            continue
-        value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_MEMORY_RESOURCE)
-        if value is not None:
-            try:
-                total += parse_quantity(value)
-            except KubegpuError:
-                continue
-    return total
+    """What the GPUs of the cluster's schedulable nodes hold, by their GFD labels (`node_gpus_bytes`; the
+    `kubegpu.io/gpu-memory` they advertise leaves room for the largest charge per GPU, more than pinned pods use)."""
+    return float(sum(node_gpus_bytes((node.get("metadata") or {}).get("labels") or {}) for node in nodes
+                     if not (node.get("spec") or {}).get("unschedulable")))
 
 
 @dataclass
@@ -97,16 +96,30 @@ class QuotaController:
     lease_duration: float = 15.0
     workers: int = 8
     elector: LeaderElector | None = field(default=None, init=False)
+    api: Cluster = field(init=False)   # the API server itself: the Lease, and fresh reads after a 409
     _bad: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.cluster, InformedCluster):
+            self.api = self.cluster.store
+        else:
+            self.api = self.cluster
+            # the controller never modifies what it reads (it builds patches), so the cache hands out its objects
+            self.cluster = InformedCluster(self.cluster, INFORMED_KINDS, copy=False)
         if self.leader_elect:
-            self.elector = LeaderElector(self.cluster, self.identity, LEASE_NAME, self.lease_namespace,
+            self.elector = LeaderElector(self.api, self.identity, LEASE_NAME, self.lease_namespace,
                                          lease_duration=self.lease_duration)
+
+    def close(self) -> None:
+        """Stop the informers' watches (the process exits anyway; tests building many controllers call it)."""
+        if isinstance(self.cluster, InformedCluster):
+            self.cluster.stop()
 
     def tick(self, now: float) -> TickResult:
         if self.elector is not None and not self.elector.try_acquire(now):
             return TickResult()
+        if not cache_trusted(self.cluster):
+            return TickResult()  # the watches are broken: no decision on a view that may be minutes old
         quota_objects = self.cluster.list(KIND)
         quotas = []
         for obj in quota_objects:
@@ -125,7 +138,7 @@ class QuotaController:
         lifted = self._lift([by_key[p.key] for p in decision.lift])
         evicted = 0
         for eviction in decision.evict:
-            if evict_pod(self.cluster, eviction.pod.namespace, eviction.pod.name):
+            if evict_pod(self.api, eviction.pod.namespace, eviction.pod.name):  # the Eviction API: PDBs hold
                 evicted += 1
                 record_event(self.cluster, by_key[eviction.pod.key], "QuotaReclaimed", eviction.reason,
                              component=COMPONENT)
@@ -150,7 +163,7 @@ class QuotaController:
                 # as it was: read it again and lift from the fresh copy (its other gates as they are now).
                 meta = pod["metadata"]
                 try:
-                    lift(self.cluster.get("Pod", meta["name"], meta.get("namespace")))
+                    lift(self.api.get("Pod", meta["name"], meta.get("namespace")))
                 except (NotFound, Conflict):  # gone, or changing still: the next pass sees it afresh
                     return False
             return True

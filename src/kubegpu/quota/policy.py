@@ -3,8 +3,9 @@ the operator and the chart ship.
 
 Kubernetes 1.36 made MutatingAdmissionPolicy GA (`admissionregistration.k8s.io/v1`, on by default; the pinned 1.37
 serves it), so the charge is added inside the API server: no webhook to run, certify or keep available. Every rule of
-`kubegpu.sharing.charges` can be written in CEL over the pod and the table ConfigMap (`charges.table_data`): the GPU
-model from the node selector or required affinity, sizes read from MIG / MPS names with the same pattern, replicas from
+`kubegpu.sharing.charges` can be written in CEL over the pod and the table ConfigMap (`charges.table_data`): the
+shapes of node the pod's node selector and required affinity leave possible (each requirement looked up in the
+table, with the operators of `kube.selectors`), sizes read from MIG / MPS names with the same pattern, replicas from
 the table. So there is no webhook at all.
 
 * `kubegpu-gpu-memory` (MutatingAdmissionPolicy, pods CREATE): each container that asks for GPU resources and has no
@@ -12,6 +13,9 @@ the table. So there is no webhook at all.
   (server-side-apply merge, so nothing else moves);
 * `kubegpu-gpu-memory` (ValidatingAdmissionPolicy): a container whose own value is below its charge is refused with a
   message naming the pod, the container and the right value (a larger value is kept: it is the user's to give);
+* `kubegpu-gpu-memory-table` (ValidatingAdmissionPolicy, no parameter): while the table is missing the two above are
+  skipped (their bindings Allow a missing parameter, or every pod would be refused), and this one refuses a GPU
+  container left uncharged, naming the table;
 * `kubegpu-quota-gate` (MutatingAdmissionPolicy, parameter: the namespace's `ElasticQuota`s): a GPU pod in a namespace
   with an ElasticQuota starts behind the scheduling gate `kubegpu.io/quota`, which the quota controller lifts. A
   namespace without one finds no parameter and is left alone (`parameterNotFoundAction: Allow`). Its failure policy
@@ -29,17 +33,22 @@ from typing import Any
 from kubegpu.scheduling.pods import QUOTA_GATE
 from kubegpu.sharing.charges import (
     GIB,
+    TABLE_BYTES_SUFFIX,
     TABLE_DEFAULT_KEY,
-    TABLE_PRODUCT_PREFIX,
+    TABLE_KEYS_KEY,
     TABLE_REPLICAS_PREFIX,
+    TABLE_SHAPE_PREFIX,
+    TABLE_SHAPES_KEY,
+    TABLE_VALUES_PREFIX,
     ChargeTable,
     table_data,
 )
-from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_PRODUCT_LABEL
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 NAMESPACE = "kubegpu"
 TABLE_NAME = "kubegpu-gpu-memory"
 CHARGE_POLICY = "kubegpu-gpu-memory"
+TABLE_GUARD = "kubegpu-gpu-memory-table"
 GATE_POLICY = "kubegpu-quota-gate"
 LABELS = {"app.kubernetes.io/part-of": "kubegpu", "app.kubernetes.io/component": "quota"}
 MAP_API = "admissionregistration.k8s.io/v1"
@@ -49,24 +58,52 @@ MAP_API = "admissionregistration.k8s.io/v1"
 _NAMED = r"^nvidia[.]com/(mig-.*[0-9]+gb.*|gpu-[0-9]+gb([.]shared)?)$"
 """The names that carry their size (`charges.named_memory_gib`): MIG profiles and MPS slices, `.shared` replicas too."""
 
-_PRODUCTS = f"""
-has(object.spec.nodeSelector) && '{GPU_PRODUCT_LABEL}' in object.spec.nodeSelector
-  ? [object.spec.nodeSelector['{GPU_PRODUCT_LABEL}']]
-  : (has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity)
-     && has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)
-     ? object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.map(t,
-         has(t.matchExpressions)
-           ? t.matchExpressions.filter(e, e.key == '{GPU_PRODUCT_LABEL}' && e.operator == 'In' && has(e.values))
-               .map(e, e.values).flatten()
-           : []).flatten()
-     : [])
+_REQUIRED = "object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+_HAS_REQUIRED = (f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) "
+                 f"&& has({_REQUIRED})")
+_LABEL = f"('{TABLE_SHAPE_PREFIX}' + s + '.' + e.key.replace('/', '_'))"
+_INTEGER = "'^[+-]?[0-9]+$'"
+
+_REQUIREMENT = f"""
+!(e.key in variables.keys)
+|| (e.operator == 'In' && {_LABEL} in params.data && has(e.values) && params.data[{_LABEL}] in e.values)
+|| (e.operator == 'NotIn' && !({_LABEL} in params.data && has(e.values) && params.data[{_LABEL}] in e.values))
+|| (e.operator == 'Exists' && {_LABEL} in params.data)
+|| (e.operator == 'DoesNotExist' && !({_LABEL} in params.data))
+|| ((e.operator == 'Gt' || e.operator == 'Lt') && {_LABEL} in params.data && has(e.values) && size(e.values) == 1
+    && params.data[{_LABEL}].matches({_INTEGER}) && e.values[0].matches({_INTEGER})
+    && (e.operator == 'Gt' ? int(params.data[{_LABEL}]) > int(e.values[0])
+                           : int(params.data[{_LABEL}]) < int(e.values[0])))
 """.strip()
+"""CEL: requirement `e` holds on shape `s` (`ChargeTable._term_allows` with `LabelRequirement.matches_value`): a
+label the table does not know may hold on some node; an absent label fails In, Exists, Gt and Lt."""
+
+_LANDING = f"""
+params.data['{TABLE_SHAPES_KEY}'].split(',').filter(s,
+  (!has(object.spec.nodeSelector) || object.spec.nodeSelector.all(k, !(k in variables.keys)
+     || (('{TABLE_SHAPE_PREFIX}' + s + '.' + k.replace('/', '_')) in params.data
+         && params.data['{TABLE_SHAPE_PREFIX}' + s + '.' + k.replace('/', '_')] == object.spec.nodeSelector[k])))
+  && (!({_HAS_REQUIRED}) || (has({_REQUIRED}.nodeSelectorTerms) && {_REQUIRED}.nodeSelectorTerms.exists(t,
+        ((has(t.matchExpressions) && size(t.matchExpressions) > 0) || (has(t.matchFields) && size(t.matchFields) > 0))
+        && (!has(t.matchExpressions) || t.matchExpressions.all(e, {_REQUIREMENT})))))
+)
+""".strip()
+"""CEL: the ids of the shapes the pod may land on (`ChargeTable.landing_shapes`)."""
+
+_UNKNOWN = f"""
+(has(object.spec.nodeSelector) && object.spec.nodeSelector.exists(k, k in variables.keys
+   && !(object.spec.nodeSelector[k] in params.data['{TABLE_VALUES_PREFIX}' + k.replace('/', '_')].split(','))))
+|| (({_HAS_REQUIRED}) && has({_REQUIRED}.nodeSelectorTerms) && {_REQUIRED}.nodeSelectorTerms.exists(t,
+      has(t.matchExpressions) && t.matchExpressions.exists(e, e.operator == 'In' && e.key in variables.keys
+        && has(e.values)
+        && e.values.exists(v, !(v in params.data['{TABLE_VALUES_PREFIX}' + e.key.replace('/', '_')].split(','))))))
+""".strip()
+"""CEL: the pod allows a pinning label's value no shape carries (`ChargeTable.names_unknown_gpu`)."""
 
 _WHOLE = f"""
-variables.products.size() == 0
+variables.unknown || variables.landing.size() == 0
   ? int(params.data['{TABLE_DEFAULT_KEY}'])
-  : variables.products.map(p, ('{TABLE_PRODUCT_PREFIX}' + p) in params.data
-      ? int(params.data['{TABLE_PRODUCT_PREFIX}' + p]) : int(params.data['{TABLE_DEFAULT_KEY}'])).max()
+  : variables.landing.map(s, int(params.data['{TABLE_SHAPE_PREFIX}' + s + '.{TABLE_BYTES_SUFFIX}'])).max()
 """.strip()
 
 
@@ -113,7 +150,9 @@ _POD_NAME = ("(has(object.metadata.name) && object.metadata.name != '' ? object.
 
 def _variables() -> list[dict[str, str]]:
     return [
-        {"name": "products", "expression": _PRODUCTS},
+        {"name": "keys", "expression": f"params.data['{TABLE_KEYS_KEY}'].split(',')"},
+        {"name": "landing", "expression": _LANDING},
+        {"name": "unknown", "expression": _UNKNOWN},
         {"name": "whole", "expression": _WHOLE},
         {"name": "charges", "expression": _charges("containers")},
         {"name": "initCharges", "expression": _charges("initContainers")},
@@ -165,7 +204,9 @@ def table_configmap(table: ChargeTable | None = None, namespace: str = NAMESPACE
 def charge_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """The mutating policy that adds the charge and the validating one that refuses a smaller own value."""
     conditions = [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}]
-    param_ref = {"name": TABLE_NAME, "namespace": namespace, "parameterNotFoundAction": "Deny"}
+    # Allow: the API server resolves the parameter before it evaluates matchConditions, so Deny would refuse every
+    # pod, GPU or not, while the table is missing; the table guard below refuses the GPU pods left uncharged
+    param_ref = {"name": TABLE_NAME, "namespace": namespace, "parameterNotFoundAction": "Allow"}
     checks = []
     for field, charges, quantities in (("containers", "charges", "quantities"),
                                        ("initContainers", "initCharges", "initQuantities")):
@@ -189,6 +230,33 @@ def charge_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
                   "validations": checks}},
         {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(CHARGE_POLICY),
          "spec": {"policyName": CHARGE_POLICY, "paramRef": param_ref, "validationActions": ["Deny"]}},
+        *_table_guard(namespace),
+    ]
+
+
+def _table_guard(namespace: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy without a parameter: a container that asks for GPUs and carries no
+    `kubegpu.io/gpu-memory` after the mutating policy ran was left uncharged, which happens only while the table is
+    missing; it is refused with a message naming the table (the operator restores it)."""
+    # requests, as the charge reads them (the API server has copied limits into them by now)
+    uncharged = ("c.resources.requests.exists(k, k.startsWith('nvidia.com/') "
+                 "&& quantity(string(c.resources.requests[k])).asInteger() > 0) "
+                 f"&& !({_owns('c')} && {_own_value('c')} > 0)")
+    checks = []
+    for field in ("containers", "initContainers"):
+        check = (f"!has(object.spec.{field}) || object.spec.{field}.all(c, !has(c.resources) "
+                 f"|| !has(c.resources.requests) || !({uncharged}))")
+        checks.append({"expression": check, "reason": "Forbidden", "messageExpression":
+                       f"'pod ' + request.namespace + '/' + {_POD_NAME} + ': its GPU resources cannot be charged: "
+                       f"the table ConfigMap {namespace}/{TABLE_NAME} is missing (kubegpu quota manifests, or the "
+                       f"operator, restores it)'"})
+    return [
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": _meta(TABLE_GUARD),
+         "spec": {"matchConstraints": _POD_RULES,
+                  "matchConditions": [{"name": "asks-for-gpus", "expression": _ASKS_FOR_GPUS}],
+                  "failurePolicy": "Fail", "validations": checks}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(TABLE_GUARD),
+         "spec": {"policyName": TABLE_GUARD, "validationActions": ["Deny"]}},
     ]
 
 

@@ -27,7 +27,12 @@ import yaml
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import parse_json_text
 from kubegpu.sharing.devices import allocatable
-from kubegpu.sharing.names import DEVICE_PLUGIN_CONFIG_ANNOTATION, MIG_CONFIG_LABEL, is_gpu_resource
+from kubegpu.sharing.names import (
+    DEVICE_PLUGIN_CONFIG_ANNOTATION,
+    GPU_MEMORY_RESOURCE,
+    MIG_CONFIG_LABEL,
+    is_gpu_resource,
+)
 
 if TYPE_CHECKING:
     from kubegpu.gpu.backend import GpuBackend
@@ -134,4 +139,15 @@ def sharing_capacity(sharing: GpuSharing, gpu_model: str | None, gpu_count: int,
         else:
             raise
     base.update({k: float(v) for k, v in gpu.items()})
+    base[GPU_MEMORY_RESOURCE] = float(gpu_memory_of(gpu, gpu_model, sharing))
     return base
+
+
+def gpu_memory_of(gpu: Mapping[str, float], gpu_model: str, sharing: GpuSharing) -> int:
+    """The `kubegpu.io/gpu-memory` discovery will write for a node advertising `gpu` (`discover_gpu_memory`: the same
+    charge function, table and config), so a charged pod fits a node before it exists as it will after."""
+    from kubegpu.gpu.catalog import get_model
+    from kubegpu.sharing.charges import ChargeTable, node_gpu_memory
+
+    product = get_model(gpu_model).product_name.replace(" ", "-")
+    return node_gpu_memory(gpu, product, ChargeTable.from_device_plugin_config(sharing.plugin_config_dict))

@@ -9,8 +9,10 @@ devices handed to one pod have no share: the hardware isolates them, so nothing 
 Two sources give the same answer: the device plugin's inventory for its config (`kubegpu.sharing.devices`, exact,
 including MPS), or — where the config is not at hand — the device IDs the kubelet says the node can allocate
 (PodResources `GetAllocatableResources`), whose `<id>::<k>` replicas and `::mps-<N>gb-<k>` slices carry the same
-facts. The GPU-memory guard reads shares from here; any other component that needs "the memory a shared device
-stands for" should too. Pure: no I/O.
+facts. Both describe the config the node runs *now*; a running pod is judged by the share its device was handed
+out with, which the device plugin records at Allocate (`kubegpu.sharing.allocations`, overlaid by
+`with_recorded`), and today's derivation speaks only for devices with no record. The GPU-memory guard reads shares
+from here; any other component that needs "the memory a shared device stands for" should too. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubegpu.errors import ConfigError
 from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.sharing.allocations import RecordedShare
 from kubegpu.sharing.claimconfig import Sharing
 from kubegpu.sharing.names import SharingKind, mps_slice_of_id, split_device_id
 
@@ -73,13 +76,7 @@ def shares_from_allocatable(allocatable: Iterable[tuple[str, Sequence[str]]], gp
     replicas of a device are its `<id>::<k>` IDs under one resource; an MPS slice's size is in its ID. IDs naming
     no GPU or MIG device here are left out (not ours). A replicated device here is taken for time-slicing: only the
     config tells MPS replicas apart, and their share is the same 1/N."""
-    where: dict[str, tuple[int, int | None, int]] = {}
-    for gpu in gpus:
-        where[gpu.uuid] = where[str(gpu.index)] = (gpu.index, None, gpu.memory_mib)
-    positions: dict[int, int] = {}
-    for mig in migs:
-        position = positions[mig.gpu_index] = positions.get(mig.gpu_index, -1) + 1
-        where[mig.uuid] = where[f"{mig.gpu_index}:{position}"] = (mig.gpu_index, mig.gi_id, mig.memory_mib)
+    where = _locations(gpus, migs)
     by_resource: dict[str, list[str]] = {}
     for resource, ids in allocatable:  # the kubelet lists one entry per device, not per resource
         by_resource.setdefault(resource, []).extend(ids)
@@ -106,6 +103,49 @@ def shares_from_allocatable(allocatable: Iterable[tuple[str, Sequence[str]]], gp
                 out[device_id] = DeviceShare(device_id, index, gi_id,
                                              SharingKind.MIG if gi_id is not None else SharingKind.WHOLE, None)
     return out
+
+
+def _locations(gpus: Sequence[GpuDevice], migs: Sequence[MigDevice]) -> dict[str, tuple[int, int | None, int]]:
+    """A physical device ID (UUID or index form: `3`, `3:1` for a GPU's second MIG device) → (GPU index, GPU
+    instance id or None, memory MiB)."""
+    where: dict[str, tuple[int, int | None, int]] = {}
+    for gpu in gpus:
+        where[gpu.uuid] = where[str(gpu.index)] = (gpu.index, None, gpu.memory_mib)
+    positions: dict[int, int] = {}
+    for mig in migs:
+        position = positions[mig.gpu_index] = positions.get(mig.gpu_index, -1) + 1
+        where[mig.uuid] = where[f"{mig.gpu_index}:{position}"] = (mig.gpu_index, mig.gi_id, mig.memory_mib)
+    return where
+
+
+def with_recorded(current: Mapping[str, DeviceShare], recorded: Mapping[str, RecordedShare],
+                  gpus: Sequence[GpuDevice], migs: Sequence[MigDevice]) -> dict[str, DeviceShare]:
+    """Device ID → share, each ID judged by the share it was allocated with (`kubegpu.sharing.allocations`).
+
+    A pod keeps the share it was admitted under: a config switch from 2 to 4 replicas halves the shares derived
+    now, not the ones its devices were handed out with. Only IDs with no record (allocated before the device plugin
+    recorded shares, or on a node whose device plugin does not) fall back to `current`, today's derivation from the
+    config or the kubelet's allocatable IDs. A recorded ID the config no longer lists (a replica a shrinking config
+    dropped while a pod still holds it) keeps its record too, located by its physical ID; one naming no device here
+    any more is left out."""
+    out = dict(current)
+    where = _locations(gpus, migs)
+    for device_id, record in recorded.items():
+        now = current.get(device_id)
+        if now is not None:
+            place: tuple[int, int | None] | None = (now.gpu_index, now.gi_id)
+        else:
+            found = where.get(split_device_id(device_id)[0])
+            place = (found[0], found[1]) if found is not None else None
+        if place is not None:
+            out[device_id] = DeviceShare(device_id, place[0], place[1], record.kind, record.share_mib,
+                                         record.mps_limit_mib)
+    return out
+
+
+def recorded_share(share: DeviceShare) -> RecordedShare:
+    """What the device plugin records for one device it hands out: the share it stands for now."""
+    return RecordedShare(share.kind, share.share_mib, share.mps_limit_mib)
 
 
 def claim_share(sharing: Sharing | None, device_memory_mib: int, consumers: int, device_key: str = "",

@@ -10,6 +10,7 @@ again until capacity of its resource is freed (what kube-scheduler's queueing hi
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,8 +19,8 @@ from kubegpu.scheduling import QUOTA_GATE, NodeInfo, PodRequirements, fits, pod_
 from kubegpu.sharing.devices import (
     AnnotatedDevice,
 )
-from kubegpu.sim.guard import GUARD_LEAD_S, over_share, refresh_shares
-from kubegpu.sim.perf import mig_speed, mps_speeds, newest_to_kill, time_slicing_speeds
+from kubegpu.sim.guard import GUARD_LEAD_S, RESERVE_GIB, next_share_crossing, over_share, refresh_shares
+from kubegpu.sim.perf import allocating_pod, first_overflow, mig_speed, mps_speeds, time_slicing_speeds
 from kubegpu.sim.strategies import GpuRequest
 from kubegpu.sim.teams import capacity_bytes
 from kubegpu.sim.workload import Job
@@ -188,6 +189,7 @@ class Accounting(SimCore):
         run.thread_fraction = (first.mps_thread_percentage or 100) / 100.0
         run.alloc_weight = sum(_alloc_weight(node.model, d) for d in run.devices)
         run.memory_in_use = sum(min(run.job.memory_gib, part.memory_gib) for part in run.parts)
+        run.alloc_at = now + self.params.oom_delay_s
         for part in run.parts:
             part.residents.append(run)
         node.hold(run)
@@ -203,28 +205,67 @@ class Accounting(SimCore):
         if node.rejects_multiple_shared and run.request.count > 1 and run.devices[0].shared:
             self._stop(run, "rejected")  # the device plugin's Allocate fails: the kubelet fails the pod
             return
-        if getattr(self.strategy, "guard", None) is not None:
-            for offender in over_share(run.parts, run.devices):
-                offender.guarded = True
-                self._push(now + max(0.0, self.params.oom_delay_s - GUARD_LEAD_S), _GUARD, offender)
-        for victim in self._oom_victims(run):
-            self._push(now + self.params.oom_delay_s, _OOM, victim)
+        self._watch_memory(run.parts)
         self._reprice(run.parts)
 
-    def _oom_victims(self, run: Attempt) -> list[Attempt]:
-        """Who runs out of memory now that `run` has started: `run` itself when its isolated partition (MIG slice,
-        MPS limit) is too small; on a shared whole GPU, the newest pods until the rest fits."""
-        victims: list[Attempt] = []
-        for part, device in zip(run.parts, run.devices, strict=False):
-            limit = device.mps_memory_mib / 1024 if device.mps_memory_mib else None
-            if part.mig or limit is not None:
-                if run.job.memory_gib > (limit if limit is not None else part.memory_gib) + 1e-9:
-                    victims.append(run)
-            else:
-                residents = [r for r in part.residents if not r.guarded]  # the guard's evictions free theirs
-                for index in newest_to_kill([r.job.memory_gib for r in residents], part.memory_gib):
-                    victims.append(residents[index])
-        return _unique(victims)
+    def _watch_memory(self, parts: Sequence[Partition]) -> None:
+        """After the residents of these devices changed: when each next fills — the allocation that finds it full is
+        OOM-killed (`_device_full`) — and, under `+guard`, when its free memory reaches the guard's reserve
+        (`_guard_check`). Events of the devices' earlier residents go stale (`Partition.stamp`)."""
+        now = self.clock.now()
+        guard = getattr(self.strategy, "guard", None) is not None
+        for part in parts:
+            part.stamp += 1
+            runs = part.residents
+            if not runs:
+                continue
+            uses = [run.memory_use() for run in runs]
+            limits = [_mps_limit(run, part) for run in runs]
+            if any(limit is not None for limit in limits):  # MPS clients: each fails against its own limit
+                found = [(over.at, index) for index, (use, limit) in enumerate(zip(uses, limits, strict=True))
+                         if limit is not None and (over := first_overflow([use], limit, now)) is not None]
+                if found:
+                    at, index = min(found)
+                    self._push(at, _OOM, (part, part.stamp, index))
+                continue
+            over = first_overflow(uses, part.memory_gib, now)
+            if over is not None:
+                self._push(over.at, _OOM, (part, part.stamp, over.victim))
+            if guard and not part.mig:
+                near = first_overflow(uses, part.memory_gib - RESERVE_GIB, now)
+                if near is not None:
+                    at = near.at - GUARD_LEAD_S if near.victim is not None else near.at
+                    self._push(max(now, at), _GUARD, (part, part.stamp))
+
+    def _device_full(self, part: Partition, stamp: int, victim: int | None) -> None:
+        """An allocation finds the device full: the driver fails it and its pod is OOM-killed. A pod's first
+        allocation that does not fit is known; when creeping use filled the device, the next allocation is whoever
+        makes it (weighted by how busy each pod keeps the GPU; seeded, so a run repeats)."""
+        if part.stamp != stamp or not part.residents:
+            return
+        runs = part.residents
+        if victim is None:
+            now = self.clock.now()
+            draw = random.Random(f"{self.scenario.seed}:{part.key}:{now:.6f}").random()
+            victim = allocating_pod([run.job.compute for run in runs], draw)
+        self._stop(runs[victim], "oom")
+
+    def _guard_check(self, part: Partition, stamp: int) -> None:
+        """The guard finds the device's free memory at its reserve: the pods over their share are evicted; if none
+        is yet, it looks again when the next creeping pod passes its share."""
+        if part.stamp != stamp or not part.residents:
+            return
+        now = self.clock.now()
+        first = part.residents[0]
+        device = next((d for d in first.devices if _partition_key(d) == part.key), first.devices[0])
+        offenders = over_share(part, device, now + GUARD_LEAD_S)
+        for offender in offenders:
+            if offender.node is not None:
+                self._stop(offender, "guard")
+        if not offenders:
+            again = next_share_crossing(part, now)
+            if again is not None:
+                self._push(again, _GUARD, (part, part.stamp))
 
     def _reprice(self, parts: Sequence[Partition]) -> None:
         """Recompute the speed of every pod on these partitions and move their completion events."""
@@ -291,6 +332,7 @@ class Accounting(SimCore):
         run.version += 1
         self._freed(run.request.resource)
         self.cluster.delete("Pod", run.pod["metadata"]["name"], namespace=run.pod["metadata"]["namespace"])
+        self._watch_memory(run.parts)
         self._reprice(run.parts)
         if outcome in ("oom", "guard") and run.ooms < run.job.max_retries:
             backoff = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2**run.ooms)
@@ -361,3 +403,11 @@ def _pick_devices(node: SimNode, request: GpuRequest) -> list[AnnotatedDevice]:
     taken = {d.id for d in chosen}
     node.free[request.resource] = [d for d in free if d.id not in taken]
     return list(chosen)
+
+
+def _mps_limit(run: Attempt, part: Partition) -> float | None:
+    """The pinned-memory limit (GiB) `run`'s MPS device on `part` enforces; None where nothing limits it."""
+    for device in run.devices:
+        if _partition_key(device) == part.key and device.mps_memory_mib:
+            return device.mps_memory_mib / 1024
+    return None

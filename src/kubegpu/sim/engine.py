@@ -146,11 +146,9 @@ class Simulation(ClusterEffects, Accounting):
             if run.node is not None and run.version == version:
                 self._stop(run, "completed")
         elif kind == _OOM:
-            if payload.node is not None:
-                self._stop(payload, "oom")
+            self._device_full(*payload)
         elif kind == _GUARD:
-            if payload.node is not None:
-                self._stop(payload, "guard")
+            self._guard_check(*payload)
         elif kind == _NODE:
             payload()
         elif kind == _TICK:

@@ -1,15 +1,14 @@
 """The `+guard` modifier: `kubegpu gpu-guard` on every node of a time-slicing, MPS or shared-claim strategy.
 
-Without it, a pod that allocates more than its share of a time-sliced GPU makes the driver fail the newest
-allocation on that GPU — often a neighbour within its own share (an "innocent" OOM kill). With it, the guard's own
-decision core (`kubegpu.guard.core.decide`, shares from `kubegpu.sharing.shares`) looks at each shared GPU as a pod
-starts allocating, and the pods over their share are evicted before their allocation completes — `GUARD_LEAD_S`
-before the moment the driver would have failed someone — so only pods within their share remain, and they fit.
-
-The simulated pod allocates all its memory in one go after it starts (`PerfParams.oom_delay_s`); a real leak grows
-gradually and crosses its share before it exhausts the GPU, which is when the guard (sampling every 0.25 s) acts.
-MPS enforces its limits itself, so there the guard changes nothing in the simulation (it only reports clients
-without their limit, which the simulator does not model).
+Without it, the driver fails whichever allocation finds a time-sliced GPU full: a pod whose first allocation does
+not fit, or — once a neighbour's creeping use (a leaking notebook, a growing cache) has filled the GPU — the next
+allocation of any pod there, often a well-behaved neighbour within its own share (an "innocent" OOM kill). With it,
+the guard's own decision core (`kubegpu.guard.core.decide`, shares from `kubegpu.sharing.shares`, grace with a
+1 GiB reserve) looks at each shared GPU when its free memory reaches the reserve — `GUARD_LEAD_S` before a first
+allocation that would take it there, at once for creeping use, which takes far longer than the guard's 0.25 s
+sampling to eat 1 GiB — and evicts the pods over their share, so the GPU never fills while the pods within their
+share fit. MPS enforces its limits itself, so there the guard changes nothing in the simulation (it only reports
+clients without their limit, which the simulator does not model).
 """
 
 from __future__ import annotations
@@ -26,11 +25,13 @@ from kubegpu.sim.strategies import Strategy, register_modifier
 
 if TYPE_CHECKING:
     from kubegpu.sharing.devices import AnnotatedDevice
+    from kubegpu.sim.metrics import StrategyResult
     from kubegpu.sim.world import Attempt, Partition
 
 GUARD_LEAD_S = 1.0
 """How long before the driver would fail an allocation the guard has evicted the pod over its share."""
 POLICY = Policy(GuardAction.EVICT, grace=True, reserve_mib=1024)
+RESERVE_GIB = POLICY.reserve_mib / 1024
 
 
 def apply_guard(strategy: Strategy) -> Strategy:
@@ -42,6 +43,16 @@ def apply_guard(strategy: Strategy) -> Strategy:
 
 
 register_modifier("guard", apply_guard)
+
+
+def credit_guard(results: Sequence[StrategyResult]) -> None:
+    """Set `neighbours_saved` on each `S+guard` result run beside `S` on the same workload: the neighbours within
+    their share a leak OOM-killed under `S` and not under the guard (never negative)."""
+    by_name = {result.strategy: result for result in results}
+    for result in results:
+        base = result.strategy.removesuffix("+guard")
+        if base != result.strategy and base in by_name:
+            result.neighbours_saved = max(0, by_name[base].innocent_oom_kills - result.innocent_oom_kills)
 
 
 def refresh_shares(strategy: Strategy, run: Attempt) -> None:
@@ -66,26 +77,35 @@ def share_gib(devices: Sequence[AnnotatedDevice]) -> float | None:
     return None
 
 
-def over_share(parts: Sequence[Partition], devices: Sequence[AnnotatedDevice]) -> list[Attempt]:
-    """Who the guard acts on on these partitions: residents of a memory-shared GPU (not a MIG slice, not an MPS
-    client with its enforced limit) using more than their share, by the guard's own decision."""
-    victims: list[Attempt] = []
-    for part, device in zip(parts, devices, strict=False):
-        if part.mig or device.mps_memory_mib:
+def over_share(part: Partition, device: AnnotatedDevice, t: float) -> list[Attempt]:
+    """Who the guard acts on on one device at `t`: residents of a memory-shared GPU (not a MIG slice, not an MPS
+    client with its enforced limit) using more than their share then, by the guard's own decision."""
+    if part.mig or device.mps_memory_mib:
+        return []
+    entity = (part.gpu_index, None)
+    holdings, processes, by_uid = [], [], {}
+    for index, run in enumerate(part.residents):
+        share = run.share_gib
+        if share is None:
             continue
-        entity = (part.gpu_index, None)
-        holdings, processes, by_uid = [], [], {}
-        for index, run in enumerate(part.residents):
-            share = run.share_gib
-            if share is None or run.guarded:
-                continue
-            uid = f"{index}"
-            by_uid[uid] = run
-            holdings.append(Holding(run.job.namespace, run.name, uid, entity, SharingKind.TIME_SLICING,
-                                    round(share * 1024)))
-            processes.append(ProcessReading(index + 1, entity, round(run.job.memory_gib * 1024), uid))
-        total = round(part.memory_gib * 1024)
-        used = sum(p.used_mib for p in processes)
-        decision = decide([EntityReading(entity, total, max(0, total - used))], holdings, processes, POLICY)
-        victims.extend(by_uid[action.holding.uid] for action in decision.actions)
-    return victims
+        uid = f"{index}"
+        by_uid[uid] = run
+        holdings.append(Holding(run.job.namespace, run.name, uid, entity, SharingKind.TIME_SLICING,
+                                round(share * 1024)))
+        processes.append(ProcessReading(index + 1, entity, round(run.memory_use().at(t) * 1024), uid))
+    total = round(part.memory_gib * 1024)
+    used = round(sum(run.memory_use().at(t) for run in part.residents) * 1024)
+    decision = decide([EntityReading(entity, total, max(0, total - used))], holdings, processes, POLICY)
+    return [by_uid[action.holding.uid] for action in decision.actions]
+
+
+def next_share_crossing(part: Partition, now: float) -> float | None:
+    """When the next resident whose use creeps up passes its share (the guard looks again then); None if none."""
+    times = []
+    for run in part.residents:
+        use = run.memory_use()
+        if run.share_gib is None or use.growth_gib_per_s <= 0:
+            continue
+        times.append(max(now, use.alloc_at) + max(0.0, run.share_gib - use.at(max(now, use.alloc_at)))
+                     / use.growth_gib_per_s)
+    return max(now + GUARD_LEAD_S, min(times)) if times else None  # never this instant again: no busy loop

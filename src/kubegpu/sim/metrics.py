@@ -98,6 +98,9 @@ class StrategyResult:
     spot_interruptions: int = 0  # bought nodes the cloud took back (scenario field spotInterruptions)
     innocent_oom_kills: int = 0  # OOM kills of pods within their share of a shared GPU (a neighbour's fault)
     guard_actions: int = 0  # pods the GPU-memory guard evicted for using more than their share (`+guard`)
+    # `+guard` run beside its unguarded strategy on the same workload: the neighbours within their share that the
+    # unguarded run lost to OOM kills and this one did not (None: no unguarded run to compare with)
+    neighbours_saved: int | None = None
     classes: dict[str, ClassStats] = field(default_factory=dict)
     teams: dict[str, TeamStats] = field(default_factory=dict)  # scenario `teams:` only
     samples: list[Sample] = field(default_factory=list)
@@ -202,7 +205,9 @@ class Collector:
         elif outcome == "oom":
             self.oom_kills += 1
             self.oom_by_class[run.job.klass] = self.oom_by_class.get(run.job.klass, 0) + 1
-            if run.share_gib is not None and run.job.memory_gib <= run.share_gib + 1e-9:
+            # MPS enforces each client's limit: an OOM kill there is always the pod's own (it reached its limit)
+            if (run.share_gib is not None and not any(d.mps_memory_mib for d in run.devices)
+                    and run.memory_use().at(t) <= run.share_gib + 1e-9):
                 self.innocent_oom_kills += 1
             if run.ooms >= run.job.max_retries:
                 self.failed += 1

@@ -16,6 +16,7 @@ Two constants carry the whole model:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 class PerfParams:
     context_switch_overhead: float = 0.11
     sm_occupancy: float = 0.475
-    oom_delay_s: float = 30.0  # a pod allocates its memory shortly after it starts; the OOM kill comes then
+    oom_delay_s: float = 30.0  # a pod makes its first allocation shortly after it starts; its use creeps from then
 
 
 DEFAULT_PARAMS = PerfParams()
@@ -78,17 +79,64 @@ def mig_speed(need: float, slice_sms: int, full_sms: int, params: PerfParams = D
     return min(1.0, slice_sms / (need * params.sm_occupancy * full_sms))
 
 
-def newest_to_kill(memories_oldest_first: Sequence[float], capacity: float) -> list[int]:
-    """Indices of the pods killed when co-located memory exceeds capacity (no isolation): newest first, until the
-    rest fits. The newest allocation is the one the driver fails, so the newest pod is the one that dies."""
-    total = sum(memories_oldest_first)
-    victims: list[int] = []
-    index = len(memories_oldest_first) - 1
-    while total > capacity + 1e-9 and index >= 0:
-        victims.append(index)
-        total -= memories_oldest_first[index]
-        index -= 1
-    return victims
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """One pod's GPU memory on one device: nothing until its first allocation at `alloc_at`, `base_gib` then, and
+    `growth_gib_per_s` more every second after (a notebook or a server whose use creeps up over hours)."""
+
+    base_gib: float
+    growth_gib_per_s: float
+    alloc_at: float
+
+    def at(self, t: float) -> float:
+        if t < self.alloc_at:
+            return 0.0
+        return self.base_gib + self.growth_gib_per_s * (t - self.alloc_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """The instant an allocation finds the device full, and whose it is when that is known: the pod whose first
+    allocation does not fit (`victim`), or None when creeping use fills the device and the next allocation — by
+    whichever pod makes it — fails (`allocating_pod`)."""
+
+    at: float
+    victim: int | None
+
+
+def first_overflow(uses: Sequence[MemoryUse], capacity_gib: float, now: float) -> Overflow | None:
+    """When the pods' memory on a device without isolation first reaches `capacity_gib`, from `now` on; None when it
+    never does. Use is piecewise linear: steps at first allocations, slopes from growth. A step that does not fit
+    is the newest allocating pod's (the last in `uses`, which are oldest first), as the driver fails the allocation
+    that finds the device full."""
+    points = sorted({now, *(u.alloc_at for u in uses if u.alloc_at > now)})
+    for i, start in enumerate(points):
+        active = [u for u in uses if u.alloc_at <= start]
+        level = sum(u.at(start) for u in active)
+        if level > capacity_gib + 1e-9:
+            stepping = [k for k, u in enumerate(uses) if u.alloc_at == start]
+            return Overflow(start, stepping[-1] if stepping else None)
+        slope = sum(u.growth_gib_per_s for u in active)
+        if slope > 0:
+            end = points[i + 1] if i + 1 < len(points) else math.inf
+            t = start + (capacity_gib - level) / slope
+            if t < end:
+                return Overflow(max(t, start), None)
+    return None
+
+
+def allocating_pod(weights: Sequence[float], draw: float) -> int:
+    """Which pod makes the allocation that finds a full device: each allocates as often as it keeps the GPU busy
+    (its compute need), so the pick is weighted by `weights`; `draw` is uniform in [0, 1) (seeded by the caller)."""
+    total = sum(weights)
+    if total <= 0:
+        return len(weights) - 1
+    point = draw * total
+    for index, weight in enumerate(weights):
+        point -= weight
+        if point < 0:
+            return index
+    return len(weights) - 1
 
 
 def exceeds(memory_gib: float, limit_gib: float) -> bool:

@@ -29,8 +29,9 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
     ("Memory util", "memory_util_pct", "pct", True),
     ("Completed", "pods_completed", "int", True),
     ("OOM kills", "oom_kills", "int", False),
-    ("  within share", "innocent_oom_kills", "int", False),
+    ("  neighbours (within share)", "innocent_oom_kills", "int", False),
     ("Guard actions", "guard_actions", "int", False),
+    ("  neighbours saved", "neighbours_saved", "int", True),
     ("Jobs failed", "jobs_failed", "int", False),
     ("Pending p50", "pending_p50_s", "dur", False),
     ("Pending p95", "pending_p95_s", "dur", False),
@@ -42,7 +43,9 @@ COLUMNS: list[tuple[str, str, str, bool]] = [
 ]
 
 
-def _format(value: float, kind: str) -> str:
+def _format(value: float | None, kind: str) -> str:
+    if value is None:
+        return "—"
     if kind == "pct":
         return f"{value:.1f}%"
     if kind == "int":
@@ -52,8 +55,13 @@ def _format(value: float, kind: str) -> str:
     return f"${value:,.2f}" if value < 100 else f"${value:,.0f}"
 
 
+def _value(result: StrategyResult, attr: str) -> float | None:
+    value = getattr(result, attr)
+    return None if value is None else float(value)
+
+
 def _best(results: Sequence[StrategyResult], attr: str, higher: bool) -> float | None:
-    values = [float(getattr(r, attr)) for r in results]
+    values = [float(v) for r in results if (v := getattr(r, attr)) is not None]
     if len(values) < 2 or len(set(values)) == 1:
         return None
     return max(values) if higher else min(values)
@@ -100,7 +108,7 @@ def _table(report: SimulationReport, results: Sequence[StrategyResult], first: b
         best = _best(report.results, attr, higher)
         cells = []
         for result in results:
-            value = float(getattr(result, attr))
+            value = _value(result, attr)
             text = _format(value, kind)
             cells.append(f"[bold green]{text}[/]" if best is not None and value == best else text)
         table.add_row(title_text, *cells)
@@ -236,7 +244,7 @@ def bars_figure(results: Sequence[StrategyResult]) -> Figure:
     names = [r.strategy for r in results]
     colors = (PALETTE * 4)[: len(results)]
     for ax, (title, attr, fmt) in zip(axes, panels, strict=True):
-        values = [float(getattr(r, attr)) for r in results]
+        values = [float(v) for r in results if (v := getattr(r, attr)) is not None]
         plotted = [v / 60 for v in values] if fmt is None else values
         bars = ax.barh(names, plotted, color=colors)
         ax.invert_yaxis()
@@ -284,6 +292,9 @@ def _cards(report: SimulationReport) -> str:
             f"<ul><li><b>{result.allocation_pct:.1f}%</b> of GPU-hours allocated</li>"
             f"<li><b>{format_duration(result.pending_p95_s)}</b> p95 wait for a GPU</li>"
             f"<li><b>{result.oom_kills}</b> OOM kills, <b>{result.jobs_failed}</b> jobs given up</li>"
+            f"<li><b>{result.innocent_oom_kills}</b> neighbours within their share OOM-killed"
+            f"{'' if result.neighbours_saved is None else f', <b>{result.neighbours_saved}</b> saved by the guard'}"
+            "</li>"
             f"<li><b>${result.cost_per_useful_gpu_hour:,.2f}</b> per useful GPU-hour</li></ul></div>"
         )
     return "".join(cards)
@@ -295,7 +306,7 @@ def _html_table(report: SimulationReport) -> str:
     for result in report.results:
         cells = []
         for _, attr, kind, higher in COLUMNS:
-            value = float(getattr(result, attr))
+            value = _value(result, attr)
             best = _best(report.results, attr, higher)
             css = ' class="best"' if best is not None and value == best else ""
             cells.append(f"<td{css}>{html.escape(_format(value, kind))}</td>")

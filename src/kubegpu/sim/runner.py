@@ -8,6 +8,7 @@ from typing import Any
 
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.sim.engine import Simulation
+from kubegpu.sim.guard import credit_guard
 from kubegpu.sim.metrics import StrategyResult
 from kubegpu.sim.scenario import Scenario
 from kubegpu.sim.strategies import available_strategies, get_strategy
@@ -76,4 +77,5 @@ def run_scenario(
     for strategy in built:
         callback = progress(strategy.name) if progress is not None else None
         results.append(Simulation(scenario, strategy, jobs).run(callback))
+    credit_guard(results)
     return SimulationReport(scenario, jobs, results)

@@ -109,11 +109,20 @@ class JobClass(_Model):
     compute: Range
     runtime: tuple[Seconds, Seconds]
     max_retries: int = Field(default=2, ge=0, le=1000)
+    memory_growth_gib_per_hour: Range | None = Field(default=None, alias="memoryGrowthGiBPerHour")  # creeping use
+    memory_growth_share: float = Field(default=1.0, ge=0, le=1, alias="memoryGrowthShare")  # of its jobs that creep
 
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpu_choices(cls, value: object) -> object:
         return [value] if isinstance(value, int) else value
+
+    @field_validator("memory_growth_gib_per_hour")
+    @classmethod
+    def _growth(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and value[0] < 0:
+            raise ValueError("memory growth cannot be negative")
+        return value
 
     @field_validator("gpus")
     @classmethod

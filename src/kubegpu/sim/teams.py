@@ -86,8 +86,8 @@ class TeamAccount:
     @classmethod
     def for_strategy(cls, teams: Sequence[TeamSpec], strategy: Any, model_keys: Sequence[str]) -> TeamAccount:
         replicas = getattr(strategy, "replicas", None)
-        table = ChargeTable(default_model=model_keys[0] if model_keys else "A100-SXM4-80GB",
-                            replicas={GPU_SHARED_RESOURCE: int(replicas)} if isinstance(replicas, int) else {})
+        table = ChargeTable.for_models(model_keys, {GPU_SHARED_RESOURCE: int(replicas)}
+                                       if isinstance(replicas, int) else {})
         return cls(team_limits(teams), table, getattr(strategy, "team_admission", None))
 
     def charge(self, run: Attempt) -> float:

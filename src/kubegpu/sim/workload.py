@@ -13,7 +13,14 @@ Trace format (YAML: a list of mappings, or a mapping with a ``jobs:`` list; CSV:
     compute         fraction of a full GPU's compute it keeps busy, (0, 1]          required
     workGpuSeconds  GPU-seconds of work at full speed (runtime alone x gpus)        required (or runtime)
     runtime         alternative to workGpuSeconds: runtime alone on whole GPUs ("2h")
+    memoryGrowthGiBPerHour  how fast its use creeps up after its first allocation   default 0
     class, namespace, priority, name, maxRetries                                    optional
+
+Memory is what real workloads show: a first allocation shortly after the pod starts, then (for a class with
+`memoryGrowthGiBPerHour`) use that creeps up for as long as the pod runs — a notebook that keeps tensors around, a
+server whose caches grow — in the share of its jobs `memoryGrowthShare` says (default all). Whether a job creeps
+and how fast are drawn by a generator of its own, seeded by the scenario's seed and the class, so adding growth to a
+class changes nothing else of the workload.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class Job:
     compute: float  # per GPU, fraction of a full GPU
     work: float  # GPU-seconds at full speed, all GPUs together
     max_retries: int = 2
+    memory_growth_gib_per_hour: float = 0.0  # per GPU, from its first allocation on
 
     @property
     def runtime_alone(self) -> float:
@@ -56,7 +64,15 @@ def generate(classes: Sequence[JobClass], duration: float, seed: int) -> list[Jo
     jobs: list[Job] = []
     for job_class in classes:
         rng = random.Random(f"{seed}:{job_class.name}")
-        jobs.extend(_class_jobs(job_class, duration, rng))
+        growth = job_class.memory_growth_gib_per_hour
+        if growth is None:
+            jobs.extend(_class_jobs(job_class, duration, rng))
+            continue
+        creep = random.Random(f"{seed}:{job_class.name}:growth")  # its own draws: the rest of the class unchanged
+        for job in _class_jobs(job_class, duration, rng):
+            rate = round(creep.uniform(*growth), 3)
+            creeps = job_class.memory_growth_share >= 1 or creep.random() < job_class.memory_growth_share
+            jobs.append(dataclasses.replace(job, memory_growth_gib_per_hour=rate if creeps else 0.0))
     jobs.sort(key=lambda job: (job.arrival, job.name))
     return jobs
 
@@ -117,7 +133,7 @@ def _trace_job(row: object, where: str, index: int) -> Job:
     if not isinstance(row, Mapping):
         raise ConfigError(f"{where}: expected a mapping")
     known = {"arrival", "gpus", "memoryGiB", "compute", "workGpuSeconds", "runtime", "class", "namespace",
-             "priority", "name", "maxRetries"}
+             "priority", "name", "maxRetries", "memoryGrowthGiBPerHour"}
     for key in row:
         if key not in known:
             raise ConfigError(f"{where}.{key}: unknown field")
@@ -162,6 +178,9 @@ def _trace_job(row: object, where: str, index: int) -> Job:
         raise ConfigError(f"{where}.workGpuSeconds: required field is missing (or give runtime)")
     if work <= 0:
         raise ConfigError(f"{where}.workGpuSeconds: must be positive")
+    growth = number("memoryGrowthGiBPerHour", 0.0)
+    if growth < 0:
+        raise ConfigError(f"{where}.memoryGrowthGiBPerHour: cannot be negative")
     klass = str(row.get("class") or "trace")
     return Job(
         name=str(row.get("name") or f"{klass}-{index + 1}"),
@@ -174,6 +193,7 @@ def _trace_job(row: object, where: str, index: int) -> Job:
         compute=compute,
         work=work,
         max_retries=int(number("maxRetries", 2.0)),
+        memory_growth_gib_per_hour=growth,
     )
 
 

@@ -23,7 +23,7 @@ from kubegpu.sharing.devices import (
 )
 from kubegpu.sim import hardware
 from kubegpu.sim.metrics import Collector
-from kubegpu.sim.perf import PerfParams
+from kubegpu.sim.perf import MemoryUse, PerfParams
 from kubegpu.sim.scenario import NodeGroup, Scenario
 from kubegpu.sim.strategies import GpuRequest, NodeView, Strategy
 from kubegpu.sim.workload import Job
@@ -36,7 +36,8 @@ RETRY_BACKOFF_S = 10.0
 RETRY_BACKOFF_MAX_S = 300.0
 PODS_PER_NODE = 110
 
-# event kinds, in the order they are handled within one instant
+# event kinds, in the order they are handled within one instant; _OOM and _GUARD carry (partition, stamp): a
+# device found full, and a guard check of it
 _FINISH, _OOM, _NODE, _ARRIVAL, _TICK, _SAMPLE, _GUARD = range(7)
 
 
@@ -68,6 +69,7 @@ class Partition:
     mig: bool
     sharing: str  # "none" | "time-slicing" | "mps"
     residents: list[Attempt] = field(default_factory=list)  # oldest first
+    stamp: int = 0  # bumped whenever its residents change: a memory event scheduled before is stale then
 
 
 @dataclass(eq=False, slots=True)
@@ -95,10 +97,14 @@ class Attempt:
     memory_in_use: float = 0.0
     thread_fraction: float = 1.0
     share_gib: float | None = None  # its memory share of a shared GPU (kubegpu.sharing.shares); None when unshared
-    guarded: bool = False  # the GPU-memory guard is evicting it (the `+guard` modifier)
+    alloc_at: float = 0.0  # when it makes its first GPU allocation; its use creeps from there (job growth)
 
     def sort_key(self) -> tuple[int, float, int]:
         return (-self.job.priority, self.queued_at, self.seq)
+
+    def memory_use(self) -> MemoryUse:
+        """Its GPU memory on each of its devices over time (`kubegpu.sim.perf.MemoryUse`)."""
+        return MemoryUse(self.job.memory_gib, self.job.memory_growth_gib_per_hour / 3600.0, self.alloc_at)
 
 
 @dataclass(eq=False)

@@ -1,17 +1,19 @@
 """kwok GPU nodes for the real control plane: capacity from our GPU catalog, labels from our GPU discovery.
 
 A node is what a GPU node's kubelet, device plugin and GFD would register: `nvidia.com/gpu` capacity counted from a
-`COUNTxMODEL` spec (the simulated backend's syntax), and the exact label set `kubegpu discover` computes for a
-simulated node holding those GPUs. kwok manages every node carrying `KWOK_ANNOTATION` (Ready, heartbeats, pods).
+`COUNTxMODEL` spec (the simulated backend's syntax), the `kubegpu.io/gpu-memory` discovery writes for it, and the
+exact label set `kubegpu discover` computes for a simulated node holding those GPUs. kwok manages every node
+carrying `KWOK_ANNOTATION` (Ready, heartbeats, pods).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kubegpu.discovery.agent import discover_labels
+from kubegpu.discovery.agent import discover_gpu_memory, discover_labels
 from kubegpu.gpu.simulated import SimulatedBackend, parse_gpu_spec
-from kubegpu.sharing.names import GPU_RESOURCE
+from kubegpu.sharing.charges import quantity_of_bytes
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
@@ -28,9 +30,11 @@ def gpu_node(name: str, gpus: str, labels: dict[str, str] | None = None,
     backend = SimulatedBackend(None, gpus=models, node_name=name)
     try:
         gfd = discover_labels(backend, {"version": "v1"}, None, None)
+        gpu_memory = discover_gpu_memory(backend, {"version": "v1"})   # what discovery writes on such a node
     finally:
         backend.close()
-    capacity = {**HOST_CAPACITY, GPU_RESOURCE: str(len(models)), **(extra_capacity or {})}
+    capacity = {**HOST_CAPACITY, GPU_RESOURCE: str(len(models)), GPU_MEMORY_RESOURCE: quantity_of_bytes(gpu_memory),
+                **(extra_capacity or {})}
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -23,9 +23,10 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.clients import call
 from kubegpu.autoscaler.aws.launch import parse_provider_id
 from kubegpu.autoscaler.objects import is_daemon_pod, is_reschedulable, name_of
-from kubegpu.autoscaler.termination import eviction_blocker, taint_node
+from kubegpu.autoscaler.termination import taint_node
 from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.files import parse_json_text
+from kubegpu.kube.eviction import evict
 from kubegpu.scheduling import is_finished
 
 if TYPE_CHECKING:
@@ -200,21 +201,11 @@ class InterruptionHandler:
             on_node = [p for p in snapshot.pods if node_name and (p.get("spec") or {}).get("nodeName") == node_name
                        and not is_finished(p) and not is_daemon_pod(p)]
             held = [p for p in on_node if do_not_disrupt(p)]
-            spent: dict[str, int] = {}
             for pod in sorted((p for p in on_node if not do_not_disrupt(p)), key=name_of):
-                if eviction_blocker(pod, snapshot.pdbs, snapshot.pods, spent):
+                namespace = (pod.get("metadata") or {}).get("namespace", "default")
+                if evict(self.cluster, namespace, name_of(pod)) is not None:   # a budget says not now
                     held.append(pod)
-                    continue
-                for pdb in _pdbs_of(pod, snapshot.pdbs):
-                    spent[name_of(pdb)] = spent.get(name_of(pdb), 0) + 1
-                self.cluster.delete("Pod", name_of(pod), (pod.get("metadata") or {}).get("namespace", "default"))
-                snapshot.pods.remove(pod)
             if not held or reason == INSTANCE_TERMINATED:
                 self.termination.start(claim, "interrupted")
                 del self.draining[name]
 
-
-def _pdbs_of(pod: Mapping[str, Any], pdbs: list[dict[str, Any]]) -> list[Mapping[str, Any]]:
-    from kubegpu.autoscaler.termination import matching_pdbs
-
-    return matching_pdbs(pod, pdbs)

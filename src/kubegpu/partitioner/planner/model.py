@@ -13,7 +13,13 @@ from typing import Any, Literal
 from kubegpu.gpu.catalog import GpuModel
 from kubegpu.gpu.geometry import PlacedInstance, layout_errors
 from kubegpu.scheduling import NodeInfo, fits, parse_quantity, pod_key, pod_requests
-from kubegpu.sharing.names import mig_profile_of, mig_resource_name, mps_slice_resource_name, mps_slice_size_of
+from kubegpu.sharing.names import (
+    GPU_MEMORY_RESOURCE,
+    mig_profile_of,
+    mig_resource_name,
+    mps_slice_resource_name,
+    mps_slice_size_of,
+)
 
 Mode = Literal["mig", "mps"]
 UNLIMITED = 1e18  # allocatable for resources a planner input does not describe (a state file without allocatable)
@@ -206,9 +212,11 @@ def scheduling_view(node: NodeInput, gpus: Sequence[GpuPlan], used: Sequence[Map
         for key, value in status_alloc.items():
             if not is_partition_resource(key):
                 info.allocatable[key] = parse_quantity(value)
+    # the quota charge fits wherever the GPU resources do (docs/quotas.md); the node's figure is for its current cut
+    info.allocatable[GPU_MEMORY_RESOURCE] = UNLIMITED
     for pod in node.pods:
         info.add_pod(pod, bound_requests(pod))
-    for key in [k for k in info.requested if is_partition_resource(k)]:
+    for key in [k for k in info.requested if is_partition_resource(k) or k == GPU_MEMORY_RESOURCE]:
         del info.requested[key]  # bound pods hold the instances marked used, which allocatable already omits
     return info
 

@@ -2,13 +2,16 @@
 
 - `model`: ResourceSlice / DeviceClass / ResourceClaim parsed strictly (errors name object and field).
 - `celenv`: selectors on `common-expression-language`, with Kubernetes' quantity/semver functions; compiled once.
-- `allocator`: kube-scheduler's first-fit, backtracking allocator for one node (counters, taints, constraints).
+- `capacity`: consumable capacity (devices shared by claims, each consuming part; policies, share IDs).
+- `allocator`: kube-scheduler's first-fit, backtracking allocator for one node (counters, taints, constraints,
+  consumable capacity).
 - `offline`: claims allocated one after another across nodes (`kubegpu dra allocate`, the simulator).
 """
 
 from __future__ import annotations
 
-from kubegpu.scheduling.dra.allocator import Allocator, ClaimError, Pool, gather_pools
+from kubegpu.scheduling.dra.allocator import Allocator, ClaimError, Consumed, Pool, consumed_by, gather_pools
+from kubegpu.scheduling.dra.capacity import RequestPolicy
 from kubegpu.scheduling.dra.celenv import CelCompileError, CelRuntimeError, compile_selector
 from kubegpu.scheduling.dra.model import (
     Claim,
@@ -35,12 +38,14 @@ __all__ = [
     "Claim",
     "ClaimError",
     "Constraint",
+    "Consumed",
     "Device",
     "DeviceClass",
     "DeviceId",
     "Outcome",
     "Pool",
     "Request",
+    "RequestPolicy",
     "ResourceSlice",
     "Result",
     "SubRequest",
@@ -49,6 +54,7 @@ __all__ = [
     "allocate_in_order",
     "allocate_one",
     "compile_selector",
+    "consumed_by",
     "flatten",
     "gather_pools",
     "parse_all",

@@ -5,7 +5,10 @@ request of every claim on one node. The search is the scheduler's (reference/dra
 claim's requests in spec order, for a request its device slots one by one, candidates in (driver, pool) order then
 slice name then device order, the next slot resuming after the previous pick; depth-first with backtracking, first
 complete solution wins. `firstAvailable` tries its subrequests in order. Per candidate, cheapest check first: in
-use, class and request selectors (cached per expression and device), shared counters, taints, constraints.
+use, class and request selectors (cached per expression and device), consumable capacity, shared counters, taints,
+constraints. A device that allows multiple allocations is never in use as a whole: it fits while its capacities
+hold what other claims consumed plus this request's share (`capacity`), and its result carries that share's
+`consumedCapacity` and a `shareID`.
 
 Like the scheduler, it first checks every claim of the pod — classes exist, an `All` request sees only complete,
 valid pools (its selectors run on every device there), the claim's fewest devices fit in 32 — and such a failure, or
@@ -25,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubegpu.errors import KubegpuError
+from kubegpu.scheduling.dra.capacity import fits, share_id, within
 from kubegpu.scheduling.dra.celenv import compile_selector
 from kubegpu.scheduling.dra.model import (
     BLOCKING_EFFECTS,
@@ -43,6 +47,7 @@ from kubegpu.scheduling.dra.model import (
 MAX_DEVICES_PER_CLAIM = 32  # AllocationResultsMaxSize
 DEFAULT_STEP_BUDGET = 200_000
 Candidate = tuple[Device, str]  # a device the selectors accept (""), or the error one of them raised on it
+Consumed = Mapping[DeviceId, Mapping[str, float]]  # per shared device, what allocations consumed of each capacity
 
 
 class Candidates(list[Candidate]):
@@ -80,6 +85,9 @@ class _Search:
     consumed: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
     picked: list[tuple[Device, SubRequest]] = field(default_factory=list)
     picked_ids: set[DeviceId] = field(default_factory=set)
+    shared: Consumed = field(default_factory=dict)  # consumed by claims allocated before this call
+    shares: list[dict[str, float] | None] = field(default_factory=list)  # per pick: its consumedCapacity
+    taking: dict[DeviceId, dict[str, float]] = field(default_factory=dict)  # consumed by this call's picks
     owner: dict[int, str] = field(default_factory=dict)  # id(SubRequest) -> claim key
     steps: int = 0
     deepest: tuple[int, str] = (-1, "")  # the furthest request the search could not satisfy
@@ -110,12 +118,13 @@ class Allocator:
 
     # --- allocation -------------------------------------------------------------------------------------------------
 
-    def allocate(self, node: str | None, claims: Sequence[Claim],
-                 in_use: Iterable[DeviceId] = ()) -> dict[str, tuple[Result, ...]] | None:
+    def allocate(self, node: str | None, claims: Sequence[Claim], in_use: Iterable[DeviceId] = (),
+                 consumed: Consumed | None = None) -> dict[str, tuple[Result, ...]] | None:
         """Results per claim key when all `claims` fit on `node` together, else None.
 
-        `in_use`: devices held by claims already allocated in the cluster (their counters are taken too).
-        Raises ClaimError for a claim that cannot be allocated anywhere as written.
+        `in_use`: devices held by claims already allocated in the cluster (their counters are taken too);
+        `consumed`: what those claims consumed of shared devices (`consumed_by`). Raises ClaimError for a claim that
+        cannot be allocated anywhere as written.
         """
         used = in_use if isinstance(in_use, set | frozenset) else set(in_use)  # only read: no copy needed
         on_node = self._on_node.get(node)
@@ -126,12 +135,21 @@ class Allocator:
         for claim in claims:
             self._validate(on_node, pools, claim)
         search = _Search(in_use=used, available={(p.driver, p.name): self._available(p, used) for p in pools},
-                         owner={id(alt): c.key for c in claims for r in c.requests for alt in r.alternatives})
+                         owner={id(alt): c.key for c in claims for r in c.requests for alt in r.alternatives},
+                         shared=consumed or {})
         steps = [(claim, request) for claim in claims for request in claim.requests]
         if self._search(pools, steps, 0, search):
             out: dict[str, list[Result]] = {claim.key: [] for claim in claims}
-            for device, sub in search.picked:
-                out[search.owner[id(sub)]].append(Result(sub.name, device.id.driver, device.id.pool, device.id.device))
+            uids = {claim.key: claim.uid or claim.key for claim in claims}
+            for (device, sub), share in zip(search.picked, search.shares, strict=True):
+                key = search.owner[id(sub)]
+                if share is None:
+                    out[key].append(Result(sub.name, device.id.driver, device.id.pool, device.id.device))
+                    continue
+                slot = sum(1 for r in out[key] if r.request == sub.name)
+                out[key].append(Result(sub.name, device.id.driver, device.id.pool, device.id.device,
+                                       share_id=share_id(uids[key], sub.name, slot, device.id.device),
+                                       consumed=tuple(sorted(share.items()))))
             return {key: tuple(value) for key, value in out.items()}
         self.last_failure = search.deepest[1]
         return None
@@ -207,7 +225,8 @@ class Allocator:
         for position in range(start, stop):
             device, error = candidates[position]
             if error:  # the scheduler evaluates selectors only on free devices it reaches, and then fails
-                if device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
+                if not device.multiple and (device.id in search.picked_ids
+                                            or (device.id in search.in_use and not sub.admin_access)):
                     continue
                 raise _selector_error(claim, device, error)
             if self._try(device, claim, sub, search):
@@ -262,7 +281,16 @@ class Allocator:
         if search.steps > self.step_budget:
             raise ClaimError(f"ResourceClaim {claim.key}: allocation search exceeded {self.step_budget} steps")
         search.rejected = "in use"
-        if device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
+        share = None
+        if device.multiple:
+            share = self._share(device, sub, search)
+            if share is None:
+                search.rejected = "capacity"
+                return False
+        elif device.id in search.picked_ids or (device.id in search.in_use and not sub.admin_access):
+            return False
+        elif sub.capacity and not within(device.capacity, _requested(device, sub)):
+            search.rejected = "capacity"
             return False
         search.rejected = "counters"
         if not self._counters_fit(device, search):
@@ -277,13 +305,32 @@ class Allocator:
         search.rejected = ""
         self._consume(device, search, 1.0)
         search.picked.append((device, sub))
-        search.picked_ids.add(device.id)
+        search.shares.append(share)
+        if share is None:
+            search.picked_ids.add(device.id)
+        else:
+            taking = search.taking.setdefault(device.id, {})
+            for name, amount in share.items():
+                taking[name] = taking.get(name, 0.0) + amount
         return True
 
     def _release(self, search: _Search) -> None:
         device, _ = search.picked.pop()
-        search.picked_ids.discard(device.id)
+        share = search.shares.pop()
+        if share is None:
+            search.picked_ids.discard(device.id)
+        else:
+            taking = search.taking[device.id]
+            for name, amount in share.items():
+                taking[name] -= amount
         self._consume(device, search, -1.0)
+
+    def _share(self, device: Device, sub: SubRequest, search: _Search) -> dict[str, float] | None:
+        """What `sub` would consume of a shared device, when that fits beside the device's other allocations."""
+        before = dict(search.shared.get(device.id, {}))
+        for name, amount in search.taking.get(device.id, {}).items():
+            before[name] = before.get(name, 0.0) + amount
+        return fits(device.capacity, device.policies, _requested(device, sub), before)
 
     def _counters_fit(self, device: Device, search: _Search) -> bool:
         if not device.consumes:
@@ -307,6 +354,25 @@ class Allocator:
         for set_name, counters in device.consumes:
             for counter, amount in counters:
                 consumed[(set_name, counter)] = consumed.get((set_name, counter), 0.0) + sign * amount
+
+
+def _requested(device: Device, sub: SubRequest) -> dict[str, float]:
+    """The request's `capacity.requests` by the device's (fully qualified) capacity names. As in kube-scheduler
+    1.37, a requested name must be written exactly as the slice publishes it (`compute` does not match a published
+    `gpu.nvidia.com/compute`, nor the other way round); one that is not stays unknown, so the device does not fit."""
+    return {device.written.get(name, f"?{name}"): amount for name, amount in sub.capacity}
+
+
+def consumed_by(results: Iterable[Result]) -> dict[DeviceId, dict[str, float]]:
+    """What allocation results consumed of shared devices, summed per device (the `consumed` of `allocate`)."""
+    out: dict[DeviceId, dict[str, float]] = {}
+    for result in results:
+        if result.share_id is None:
+            continue
+        entry = out.setdefault(result.id, {})
+        for name, amount in result.consumed:
+            entry[name] = entry.get(name, 0.0) + amount
+    return out
 
 
 def _selection(device: Device, expressions: tuple[str, ...]) -> str | None:

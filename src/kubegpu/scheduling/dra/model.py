@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kubegpu.errors import ConfigError, KubegpuError
+from kubegpu.scheduling.dra.capacity import RequestPolicy, result_key
 from kubegpu.scheduling.dra.celenv import compile_selector, is_semver, quantity_value, semver_value
-from kubegpu.scheduling.quantity import parse_quantity
+from kubegpu.scheduling.quantity import format_quantity, parse_quantity
 
 API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -64,6 +65,9 @@ class Device:
     # selector results per expression, and the device's CEL context: a device is evaluated against the same few
     # selectors by every claim, so each answer is computed once per parsed device
     memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    multiple: bool = False  # allowMultipleAllocations: shared by claims through consumable capacity
+    policies: Mapping[str, RequestPolicy] = field(default_factory=dict, compare=False, hash=False)
+    written: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)  # capacity key as published
 
     def attribute(self, name: str) -> AttrValue | None:
         """matchAttribute lookup: the fully qualified name, or the bare id when its domain is the driver's."""
@@ -102,6 +106,7 @@ class SubRequest:
     count: int
     tolerations: tuple[Toleration, ...]
     admin_access: bool
+    capacity: tuple[tuple[str, float], ...] = ()  # capacity.requests (names as written, qualified per device)
 
 
 @dataclass(frozen=True)
@@ -126,13 +131,22 @@ class Result:
     driver: str
     pool: str
     device: str
+    share_id: str | None = None  # set for a share of a device that allows multiple allocations
+    consumed: tuple[tuple[str, float], ...] = ()  # consumedCapacity, fully qualified names, base units
 
     @property
     def id(self) -> DeviceId:
         return DeviceId(self.driver, self.pool, self.device)
 
-    def to_json(self) -> dict[str, str]:
-        return {"request": self.request, "driver": self.driver, "pool": self.pool, "device": self.device}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"request": self.request, "driver": self.driver, "pool": self.pool,
+                               "device": self.device}
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = {result_key(name, self.driver): format_quantity(amount)
+                                       for name, amount in self.consumed}
+        return out
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,7 @@ class Claim:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...]
     allocation: tuple[Result, ...] | None = None  # status.allocation: an allocated claim keeps it
+    uid: str = ""  # metadata.uid where known (share IDs derive from it)
 
     @property
     def key(self) -> str:
@@ -288,9 +303,13 @@ def _parse_device(ctx: _Ctx, item: Mapping[str, Any], path: str, driver: str, po
     name = ctx.text(item.get("name"), f"{path}.name")
     attributes = {qualify(k, driver): _attr_value(ctx, v, f"{path}.attributes.{k}")
                   for k, v in ctx.mapping(item.get("attributes"), f"{path}.attributes").items()}
-    capacity = {qualify(k, driver): ctx.quantity(ctx.mapping(v, f"{path}.capacity.{k}").get("value"),
-                                                 f"{path}.capacity.{k}.value")
-                for k, v in ctx.mapping(item.get("capacity"), f"{path}.capacity").items()}
+    capacity, policies, written = {}, {}, {}
+    for k, v in ctx.mapping(item.get("capacity"), f"{path}.capacity").items():
+        entry = ctx.mapping(v, f"{path}.capacity.{k}")
+        capacity[qualify(k, driver)] = ctx.quantity(entry.get("value"), f"{path}.capacity.{k}.value")
+        written[k] = qualify(k, driver)
+        if entry.get("requestPolicy") is not None:
+            policies[qualify(k, driver)] = _policy(ctx, entry["requestPolicy"], f"{path}.capacity.{k}.requestPolicy")
     consumes = []
     for i, entry in enumerate(ctx.seq(item.get("consumesCounters"), f"{path}.consumesCounters")):
         where = f"{path}.consumesCounters[{i}]"
@@ -306,9 +325,36 @@ def _parse_device(ctx: _Ctx, item: Mapping[str, Any], path: str, driver: str, po
         taints.append(Taint(key=ctx.text(taint.get("key"), f"{where}.key"),
                             value=ctx.text(taint.get("value"), f"{where}.value", required=False),
                             effect=ctx.text(taint.get("effect"), f"{where}.effect")))
-    view = _cel_view(driver, attributes, capacity, bool(item.get("allowMultipleAllocations")))
+    multiple = item.get("allowMultipleAllocations") is True
+    view = _cel_view(driver, attributes, capacity, multiple)
     return Device(id=DeviceId(driver, pool, name), attributes=attributes, capacity=capacity,
-                  consumes=tuple(consumes), taints=tuple(taints), view=view)
+                  consumes=tuple(consumes), taints=tuple(taints), view=view, multiple=multiple, policies=policies,
+                  written=written)
+
+
+def _policy(ctx: _Ctx, value: object, path: str) -> RequestPolicy:
+    policy = ctx.mapping(value, path)
+    default = policy.get("default")
+    values = tuple(ctx.quantity(v, f"{path}.validValues[{i}]")
+                   for i, v in enumerate(ctx.seq(policy.get("validValues"), f"{path}.validValues")))
+    if list(values) != sorted(values):
+        raise ctx.error(f"{path}.validValues", "must be in ascending order")
+    valid_range = ctx.mapping(policy.get("validRange"), f"{path}.validRange")
+    if values and valid_range:
+        raise ctx.error(path, "at most one of validValues, validRange is allowed")
+
+    def bound(key: str) -> float | None:
+        raw = valid_range.get(key)
+        return None if raw is None else ctx.quantity(raw, f"{path}.validRange.{key}")
+
+    minimum = bound("min")
+    if valid_range and minimum is None:
+        raise ctx.error(f"{path}.validRange.min", "is required")
+    step = bound("step")
+    if step is not None and step <= 0:
+        raise ctx.error(f"{path}.validRange.step", "must be positive")
+    return RequestPolicy(default=None if default is None else ctx.quantity(default, f"{path}.default"),
+                         valid_values=values, minimum=minimum, maximum=bound("max"), step=step)
 
 
 def _cel_view(driver: str, attributes: Mapping[str, AttrValue], capacity: Mapping[str, float],
@@ -368,8 +414,9 @@ def parse_claim(obj: Mapping[str, Any], index: int = 0) -> Claim:
         if "/" not in attribute:
             raise ctx.error(f"{path}.matchAttribute", f"{attribute!r} must be fully qualified (<domain>/<name>)")
         constraints.append(Constraint(requests=listed, attribute=attribute, distinct=distinct is not None))
+    uid = (obj.get("metadata") or {}).get("uid")
     return Claim(namespace=namespace, name=name, requests=tuple(requests), constraints=tuple(constraints),
-                 allocation=_parse_allocation(ctx, obj.get("status")))
+                 allocation=_parse_allocation(ctx, obj.get("status")), uid=uid if isinstance(uid, str) else "")
 
 
 def _parse_request(ctx: _Ctx, item: Mapping[str, Any], path: str) -> Request:
@@ -406,10 +453,13 @@ def _parse_sub(ctx: _Ctx, item: Mapping[str, Any], path: str, request: str, name
         tolerations.append(Toleration(key=ctx.text(tol.get("key"), f"{where}.key", required=False), operator=operator,
                                       value=ctx.text(tol.get("value"), f"{where}.value", required=False),
                                       effect=ctx.text(tol.get("effect"), f"{where}.effect", required=False)))
+    requested = ctx.mapping(ctx.mapping(item.get("capacity"), f"{path}.capacity").get("requests"),
+                            f"{path}.capacity.requests")
+    capacity = tuple(sorted((key, ctx.quantity(v, f"{path}.capacity.requests.{key}")) for key, v in requested.items()))
     return SubRequest(name=name, request=request,
                       class_name=ctx.text(item.get("deviceClassName"), f"{path}.deviceClassName"),
                       selectors=ctx.selectors(item.get("selectors"), f"{path}.selectors"), mode=mode, count=count,
-                      tolerations=tuple(tolerations), admin_access=bool(item.get("adminAccess")))
+                      tolerations=tuple(tolerations), admin_access=bool(item.get("adminAccess")), capacity=capacity)
 
 
 def _parse_allocation(ctx: _Ctx, status: object) -> tuple[Result, ...] | None:
@@ -421,6 +471,11 @@ def _parse_allocation(ctx: _Ctx, status: object) -> tuple[Result, ...] | None:
     for i, item in enumerate(ctx.seq(ctx.mapping(allocation.get("devices"), "status.allocation.devices").get("results"),
                                       path)):
         item = ctx.mapping(item, f"{path}[{i}]")
-        results.append(Result(**{key: ctx.text(item.get(key), f"{path}[{i}].{key}")
-                                 for key in ("request", "driver", "pool", "device")}))
+        fields = {key: ctx.text(item.get(key), f"{path}[{i}].{key}") for key in ("request", "driver", "pool", "device")}
+        share = item.get("shareID")
+        consumed = ctx.mapping(item.get("consumedCapacity"), f"{path}[{i}].consumedCapacity")
+        results.append(Result(**fields, share_id=None if share is None else ctx.text(share, f"{path}[{i}].shareID"),
+                              consumed=tuple(sorted(
+                                  (qualify(k, fields["driver"]), ctx.quantity(v, f"{path}[{i}].consumedCapacity.{k}"))
+                                  for k, v in consumed.items()))))
     return tuple(results)

@@ -2,9 +2,10 @@
 
 The scheduler allocates a claim when the first pod using it is scheduled; later pods sharing the claim reuse that
 allocation, and claims already allocated in the cluster keep theirs and hold their devices (and counters). So:
-every claim with `status.allocation` is first marked as holding its devices; then claims are taken in order, each
-against what earlier ones took, on the first node (by name) where all its requests fit. A claim named twice is
-allocated once. Pure: parsed objects in, outcomes out.
+every claim with `status.allocation` is first marked as holding its devices (a share of a device that allows
+multiple allocations holds its `consumedCapacity` instead); then claims are taken in order, each against what
+earlier ones took, on the first node (by name) where all its requests fit. A claim named twice is allocated once.
+Pure: parsed objects in, outcomes out.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.errors import ConfigError
-from kubegpu.scheduling.dra.allocator import Allocator, ClaimError
+from kubegpu.scheduling.dra.allocator import Allocator, ClaimError, Consumed, consumed_by
 from kubegpu.scheduling.dra.model import (
     Claim,
     DeviceClass,
@@ -78,6 +79,7 @@ def allocate_in_order(slices: Sequence[ResourceSlice], classes: Mapping[str, Dev
     """Allocate `claims` in order (see module doc); the answer has one entry per distinct claim key."""
     allocator = Allocator(slices, classes)
     in_use: set[DeviceId] = set()
+    consumed: dict[DeviceId, dict[str, float]] = {}
     outcomes: dict[str, Outcome] = {}
     # Devices are only ever taken here, never given back, so a claim shape that found no room on a node never will:
     # remembering (node, shape) skips those nodes for later claims of the same shape (1,000 claims x 64 nodes would
@@ -85,31 +87,41 @@ def allocate_in_order(slices: Sequence[ResourceSlice], classes: Mapping[str, Dev
     full: set[tuple[str, object]] = set()
     for claim in claims:
         if claim.allocation is not None and claim.key not in outcomes:
-            in_use.update(r.id for r in claim.allocation)
+            _hold(claim.allocation, in_use, consumed)
             outcomes[claim.key] = Outcome(results=claim.allocation, node=_node_of(allocator, claim.allocation))
     for claim in claims:
         if claim.key in outcomes:
             continue
         shape = (claim.requests, claim.constraints)
         nodes = [n for n in allocator.nodes() if (n, shape) not in full]
-        outcomes[claim.key] = allocate_one(allocator, claim, in_use, nodes, failed=full, shape=shape)
+        outcomes[claim.key] = allocate_one(allocator, claim, in_use, nodes, failed=full, shape=shape,
+                                           consumed=consumed)
         results = outcomes[claim.key].results
         if results is not None:
             admin = {alt.name for r in claim.requests for alt in r.alternatives if alt.admin_access}
-            in_use.update(r.id for r in results if r.request not in admin)  # admin access holds nothing
+            _hold([r for r in results if r.request not in admin], in_use, consumed)  # admin access holds nothing
     return {claim.key: outcomes[claim.key] for claim in claims}
 
 
+def _hold(results: Sequence[Result], in_use: set[DeviceId], consumed: dict[DeviceId, dict[str, float]]) -> None:
+    in_use.update(r.id for r in results if r.share_id is None)
+    for device, amounts in consumed_by(results).items():
+        entry = consumed.setdefault(device, {})
+        for name, amount in amounts.items():
+            entry[name] = entry.get(name, 0.0) + amount
+
+
 def allocate_one(allocator: Allocator, claim: Claim, in_use: set[DeviceId], nodes: Sequence[str] | None = None,
-                 failed: set[tuple[str, object]] | None = None, shape: object = None) -> Outcome:
+                 failed: set[tuple[str, object]] | None = None, shape: object = None,
+                 consumed: Consumed | None = None) -> Outcome:
     """The first node (of `nodes`, default every node by name) where `claim` fits, or why none does; nodes that
-    had no room are added to `failed` as (node, shape)."""
+    had no room are added to `failed` as (node, shape). `consumed`: what claims took of shared devices."""
     if not claim.requests:
         return Outcome(results=(), node=None)
     failure = ""
     try:
         for node in nodes if nodes is not None else allocator.nodes():
-            answer = allocator.allocate(node or None, [claim], in_use)
+            answer = allocator.allocate(node or None, [claim], in_use, consumed)
             if answer is not None:
                 return Outcome(results=answer[claim.key], node=node or None)
             if failed is not None:
