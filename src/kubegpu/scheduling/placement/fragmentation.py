@@ -13,7 +13,7 @@ so a decision costs one node's worth of work once the cluster is warm.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,8 +147,10 @@ class _GradientPolicy:
         self._base_version: IntArray = np.zeros(0, dtype=np.int64)
         self._cache: dict[Request, tuple[FloatArray, IntArray, IntArray]] = {}
 
-    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
-                 model: IntArray) -> FloatArray:
+    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray,
+                 nodes: IntArray) -> FloatArray:
+        """The measure of candidate rows (free resources after a placement) on the given nodes."""
+        del nodes
         return fragmentation(workload, cpu, memory, gpu, model)
 
     def _target(self, state: ClusterState) -> Workload:
@@ -164,7 +166,8 @@ class _GradientPolicy:
     def _reset(self, state: ClusterState) -> None:
         self._models = list(state.model_names)
         self._workload = self._target(state)
-        self._base = self._measure(self._workload, state.cpu_free, state.memory_free, state.gpu_free, state.model)
+        self._base = self._measure(self._workload, state.cpu_free, state.memory_free, state.gpu_free, state.model,
+                                   np.arange(len(state)))
         self._base_version = state.version.copy()
         self._cache.clear()
 
@@ -176,7 +179,7 @@ class _GradientPolicy:
         moved = np.flatnonzero(state.version != self._base_version)
         if len(moved):
             self._base[moved] = self._measure(workload, state.cpu_free[moved], state.memory_free[moved],
-                                              state.gpu_free[moved], state.model[moved])
+                                              state.gpu_free[moved], state.model[moved], moved)
             self._base_version[moved] = state.version[moved]
         key = request
         cached = self._cache.get(key)
@@ -190,7 +193,7 @@ class _GradientPolicy:
             score[stale], gpu_choice[stale] = self._share_scores(request, state, stale, workload)
         elif len(stale):
             cpu, memory, gpu, index = _after(state, stale, request)
-            rows = self._measure(workload, cpu, memory, gpu, state.model[stale])
+            rows = self._measure(workload, cpu, memory, gpu, state.model[stale], stale)
             score[stale] = self._node_score(rows - self._base[stale])
             gpu_choice[stale] = index
         version[stale] = state.version[stale]
@@ -210,7 +213,7 @@ class _GradientPolicy:
         gpu[np.arange(len(first)), pick_gpu] -= request.gpu_milli
         picked = nodes[pick_row]
         measured = self._measure(workload, state.cpu_free[picked] - request.cpu_milli,
-                                 state.memory_free[picked] - request.memory_mib, gpu, state.model[picked])
+                                 state.memory_free[picked] - request.memory_mib, gpu, state.model[picked], picked)
         value = self._node_score(measured - self._base[picked])
         table = np.full(free.shape, -np.inf)
         table[row, column] = value[inverse.reshape(-1)]
@@ -249,35 +252,44 @@ class FgdPolicy(_GradientPolicy):
 
 KUBEGPU_SHAPES = 64
 """kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
-SCARCITY_WEIGHT = 1.2
+SCARCITY_WEIGHT = 3.0
 """Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
+FGD_STEP = 300.0
+"""Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
-"""With no workload given, the popularity model is rebuilt from the requests seen after every this many."""
+"""With no workload given, the popularity model is rebuilt from the requests seen after every this many..."""
+REMEMBERED = 20_000
+"""... from the most recent this many (a long-running scheduler forgets old shapes and stays bounded)."""
 
 
-def model_scarcity(requests: Sequence[Request], state: ClusterState) -> FloatArray:
-    """Per model: how much more GPU demand per GPU it faces than the least-demanded model, counting each request's
-    demand spread over the capacity of the models it may use (so a task pinned to a small model presses hard on
-    it, and an unpinned one presses evenly)."""
-    capacity = np.array([state.gpu_count[state.model == m].sum() for m in range(len(state.model_names))],
-                        dtype=np.float64)
-    total = capacity.sum() or 1.0
-    demand = np.zeros(len(capacity))
+def node_scarcity(requests: Sequence[Request], state: ClusterState) -> FloatArray:
+    """Per node: how much more GPU demand per GPU its kind of node (model, CPU, memory, GPU count) faces than the
+    least-demanded kind. Each request's demand is spread over the capacity of the kinds it could run on when empty
+    (its allowed models, and nodes big enough for its CPU, memory and GPU count), so a task pinned to a small model,
+    or too big for most nodes, presses hard on the few that can take it, and a small unpinned one presses evenly."""
+    keys = list(zip(state.model.tolist(), state.cpu_capacity.tolist(), state.memory_capacity.tolist(),
+                    state.gpu_count.tolist(), strict=True))
+    kinds = sorted(set(keys))
+    kind_of = np.array([kinds.index(k) for k in keys], dtype=np.int64)
+    model = np.array([k[0] for k in kinds])
+    cpu, memory, gpus = (np.array([k[i] for k in kinds], dtype=np.int64) for i in (1, 2, 3))
+    capacity = np.bincount(kind_of, weights=state.gpu_count.astype(np.float64), minlength=len(kinds))
+    demand = np.zeros(len(kinds))
     overall = 0.0
-    for request in requests:
-        if not request.gpu_count:
-            continue
-        allowed = state.allowed_models(request) & (capacity > 0)
-        reach = capacity[allowed].sum()
+    total = capacity.sum() or 1.0
+    for request, n in Counter(r for r in requests if r.gpu_count).items():
+        reach_mask = (state.allowed_models(request)[model] & (cpu >= request.cpu_milli)
+                      & (memory >= request.memory_mib) & (gpus >= request.gpu_count) & (capacity > 0))
+        reach = capacity[reach_mask].sum()
         if reach:
-            demand[allowed] += request.gpu_total_milli / reach
-            overall += request.gpu_total_milli / total
+            demand[reach_mask] += n * request.gpu_total_milli / reach
+            overall += n * request.gpu_total_milli / total
     if not overall:
-        return np.zeros(len(capacity))
+        return np.zeros(len(state))
     density = demand / overall
-    return density - density[capacity > 0].min()
+    return (density - density[capacity > 0].min())[kind_of]
 
 
 class KubegpuPolicy(_GradientPolicy):
@@ -285,17 +297,21 @@ class KubegpuPolicy(_GradientPolicy):
 
     - The measure adds to FGD's one-copy fragment the capacity fragment (`capacity_fragmentation`): GPUs that the
       node's CPU or memory will strand after a few more tasks, and the slack a share leaves on a GPU it fills.
-    - Taking GPUs of a model in short supply costs in proportion to its excess demand (`model_scarcity`), so tasks
-      that may run anywhere leave the scarce models to the tasks pinned to them.
+    - Taking GPUs of a kind of node in short supply costs in proportion to its excess demand (`node_scarcity`), so
+      tasks that may run anywhere leave the scarce models to the tasks pinned to them, and small tasks leave the
+      biggest nodes to the tasks only they can hold.
     - The popularity model is the expected workload when given, else learned from the requests seen so far and
       rebuilt every `RELEARN_EVERY` requests.
-    - The gradient is exact (not rounded to kube-scheduler's integer scores); ties go to the smallest node name.
+    - Candidates rank by FGD's integer score, each step worth `FGD_STEP` thousandths of kubegpu's measure (see
+      `_node_score`); ties go to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:
         super().__init__(context)
-        self._seen: list[Request] = []
+        self._seen: deque[Request] = deque(maxlen=REMEMBERED)
+        self._asked = 0
         self._scarcity: FloatArray = np.zeros(0)
+        self._fgd_workload: Workload | None = None
 
     def _known(self) -> Sequence[Request]:
         return self._context.workload or self._seen
@@ -304,15 +320,25 @@ class KubegpuPolicy(_GradientPolicy):
         requests = self._known()
         counts = typical_shapes(requests, memory=True)
         kept = dict(sorted(counts.items(), key=lambda item: -item[1])[:KUBEGPU_SHAPES])
-        self._scarcity = model_scarcity(requests, state)
+        self._scarcity = node_scarcity(requests, state)
+        self._fgd_workload = Workload.from_counts(typical_shapes(requests), state.model_names)
         return Workload.from_counts(kept, state.model_names)
 
-    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray,
-                 model: IntArray) -> FloatArray:
+    def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray,
+                 nodes: IntArray) -> FloatArray:
+        """Two columns: FGD's measure (its own popular shapes) and kubegpu's (see the class)."""
+        assert self._fgd_workload is not None
         free = gpu.sum(axis=1)
-        return (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
+        ours = (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
                 + fragmentation(workload, cpu, memory, gpu, model)
-                - SCARCITY_WEIGHT * self._scarcity[model] * free)
+                - SCARCITY_WEIGHT * self._scarcity[nodes] * free)
+        return np.stack([fragmentation(self._fgd_workload, cpu, memory, gpu, model), ours], axis=1)
+
+    def _node_score(self, delta: FloatArray) -> FloatArray:
+        """FGD's integer score (sigmoid of its gradient, 0..100), each step worth `FGD_STEP` thousandths of
+        kubegpu's measure: among candidates FGD ranks alike, kubegpu's gradient decides."""
+        fgd = np.floor(100.0 / (1.0 + np.exp(delta[:, 0] / 1000.0)))
+        return np.asarray(fgd * FGD_STEP - delta[:, 1], dtype=np.float64)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
@@ -322,7 +348,8 @@ class KubegpuPolicy(_GradientPolicy):
     def choose(self, request: Request, state: ClusterState) -> Placement | None:
         if not self._context.workload:
             self._seen.append(request)
-            if len(self._seen) == 1 or len(self._seen) % RELEARN_EVERY == 0:
+            self._asked += 1
+            if self._asked == 1 or self._asked % RELEARN_EVERY == 0:
                 self._workload = None  # rebuild the target (and every cached score) from what was seen
         return super().choose(request, state)
 
