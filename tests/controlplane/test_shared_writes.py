@@ -147,8 +147,11 @@ def test_termination_keeps_what_another_client_added(world: Callable[..., World]
     assert spy.fired[2:] == [("NodeClaim", "finalizers")]
     got = w.api.get("NodeClaim", name)["metadata"]
     assert got["finalizers"] == [THEIRS] and got["labels"]["example.com/theirs"] == "1"   # held by theirs alone
+    # the Node is held by their finalizer too: the provider deleted it and took off none but its own
+    assert w.api.get("Node", node)["metadata"]["finalizers"] == [THEIRS]
     _release(admin, "NodeClaim", name)
-    wait_for(lambda: not w.claims() and node not in w.nodes(), "the NodeClaim gone once theirs is released")
+    _release(admin, "Node", node)
+    wait_for(lambda: not w.claims() and node not in w.nodes(), "the NodeClaim and Node gone once theirs are released")
 
 
 def test_releasing_a_deleted_node_does_not_put_back_a_finalizer_its_owner_removed(

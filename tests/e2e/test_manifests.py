@@ -43,9 +43,9 @@ NEEDS: dict[str, set[tuple[str, str, str]]] = {
     "kubegpu-partitioner": {("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "list")} | EVENTS
     | {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")},
     "kubegpu-autoscaler": {("", "nodes", verb) for verb in ("get", "list", "create", "patch", "delete")}
-    | {("", "nodes/status", "patch"), ("", "pods", "list"), ("", "pods", "delete")}
+    | {("", "nodes/status", "patch"), ("", "pods", "list"), ("", "pods", "delete"), ("", "pods/eviction", "create")}
     | {("kubegpu.io", "nodepools", "get"), ("kubegpu.io", "nodepools", "list")}
-    | {("kubegpu.io", "nodeclaims", verb) for verb in ("list", "create", "patch", "delete")}
+    | {("kubegpu.io", "nodeclaims", verb) for verb in ("get", "list", "create", "patch", "delete")}
     | {("kubegpu.io", "nodeclaims/status", "patch")}
     | {("kubegpu.io", "ec2nodeclasses", "list"), ("kubegpu.io", "ec2nodeclasses/status", "patch")}
     | {("apps", "daemonsets", "list"), ("policy", "poddisruptionbudgets", "list")} | EVENTS
