@@ -3,8 +3,12 @@ bound, and act again once the watches recover (the quota controller's and the op
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+
 import pytest
 
+from kubegpu.autoscaler.cli import serve_autoscaler_metrics
 from kubegpu.autoscaler.cluster_state import AUTOSCALER_KINDS
 from kubegpu.clock import VirtualClock
 from kubegpu.kube import MemoryCluster
@@ -37,6 +41,34 @@ def test_the_autoscaler_launches_nothing_on_a_stale_cache(caplog: pytest.LogCapt
         eventually(informed.trusted)
         h.run(4, bind=False)
         assert len(store.list("NodeClaim")) == 1
+    finally:
+        informed.stop()
+
+
+def readyz(port: int) -> int:
+    try:
+        return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_autoscalers_readyz_is_503_while_its_cache_is_stale() -> None:
+    store = MemoryCluster(VirtualClock(1_000_000.0))
+    api = RemoteStore(store)
+    seconds = [0.0]
+    informed = InformedCluster(api, AUTOSCALER_KINDS, watch_window=0.05, now=lambda: seconds[0])  # type: ignore[arg-type]
+    try:
+        h = Harness(TYPES, cluster=informed)
+        port = serve_autoscaler_metrics(h.autoscaler, "127.0.0.1:0")
+        assert readyz(port) == 200
+        api.down = True
+        eventually(lambda: set(informed.broken()) == set(AUTOSCALER_KINDS))
+        assert readyz(port) == 200   # a blip is not stale
+        seconds[0] += 60.0
+        assert readyz(port) == 503
+        api.down = False
+        eventually(informed.trusted)
+        assert readyz(port) == 200
     finally:
         informed.stop()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +31,9 @@ from kubegpu.cliopts import (
 from kubegpu.errors import ConfigError
 from kubegpu.files import parse_yaml_documents, read_text
 from kubegpu.scheduling import node_info, parse_quantities
+
+if TYPE_CHECKING:
+    from kubegpu.autoscaler.controller import Autoscaler
 
 
 def _check_node_cost(value: float) -> float:
@@ -300,9 +303,7 @@ def autoscaler_command(
         scaler.step()
         return
     if metrics_address:
-        from kubegpu.metrics import serve_metrics
-
-        serve_metrics(metrics_address, scaler.metrics.registry)
+        serve_autoscaler_metrics(scaler, metrics_address)
 
     async def run_until_signalled() -> None:
         """SIGTERM/SIGINT end the loop after the pass in progress (no half-recorded NodeClaim launch)."""
@@ -314,6 +315,16 @@ def autoscaler_command(
         await scaler.run(interval, stop)
 
     asyncio.run(run_until_signalled())
+
+
+def serve_autoscaler_metrics(scaler: Autoscaler, address: str) -> int:
+    """Serve the autoscaler's `/metrics` and `/readyz` on `address`; returns the bound port. `/readyz` answers 503
+    while an informer's watch has been broken past the bound, the same check that makes every stage skip its pass,
+    so a readinessProbe sees what the controller sees."""
+    from kubegpu.kube.informer import cache_trusted
+    from kubegpu.metrics import serve_metrics
+
+    return serve_metrics(address, scaler.metrics.registry, ready=lambda: cache_trusted(scaler.cluster))
 
 
 def _looks_like_nodepool(data: object) -> bool:
