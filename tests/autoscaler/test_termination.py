@@ -306,3 +306,46 @@ def test_past_the_grace_period_a_pdb_no_longer_holds_the_drain() -> None:
     assert {kind for kind, _ in recording.calls} == {"evict"}   # asked, refused, asked again: never deleted
     h.run(20, bind=False)
     assert recording.calls[-1] == ("delete", "db") and not h.claims()
+
+
+def test_a_claim_deleted_before_its_node_name_was_recorded_still_drains_and_deletes_its_node() -> None:
+    h = Harness(TYPES, registration_delay=5.0)
+    [claim] = launched(h)
+    name, node = claim["metadata"]["name"], claim["status"]["nodeName"]
+    # as a claim whose Node registered by its kubelet's own name before the lifecycle wrote `status.nodeName`
+    h.cluster.patch("NodeClaim", name, {"status": {"nodeName": None}}, subresource="status")
+    h.cluster.delete("NodeClaim", name)
+    h.autoscaler.step()   # found by its providerID: cordoned and drained before the instance goes
+    assert h.cluster.list("Pod") == []
+    kept = h.cluster.get("Node", node)
+    assert not kept["metadata"].get("deletionTimestamp") and L.DISRUPTED_TAINT["key"] in \
+        [t["key"] for t in kept["spec"]["taints"]]
+    h.autoscaler.step()
+    assert not h.claims() and not h.nodes() and not h.provider.instances
+
+
+def test_an_instance_whose_launch_was_never_recorded_is_found_and_terminated() -> None:
+    h = Harness(TYPES, registration_delay=5.0)
+    h.add(nodepool("cpu"))
+    h.add(pod("p0", cpu="3"))
+    for _ in range(10):
+        if h.claims():
+            break
+        h.run(1, bind=False)
+    [claim] = h.claims()
+    assert not claim.get("status", {}).get("providerID")
+    h.provider.create(claim)   # the leader launched it and died before recording the providerID
+    [node] = h.nodes()
+    h.autoscaler.close()
+    h.cluster.delete("Pod", "p0")
+    h.cluster.delete("NodeClaim", claim["metadata"]["name"])   # deleted before any replica launched it again
+    provider = SimulatedProvider(h.cluster, TYPES, h.clock, registration_delay=5.0)   # a new leader: no memory
+    scaler = Autoscaler(h.cluster, provider, h.clock, Options(validation_delay=15.0), log=h.lines.append)
+    try:
+        for _ in range(3):
+            scaler.step()
+            h.clock.advance(1)
+        assert not h.claims() and not h.nodes() and not provider.instances
+        assert any(f"found instance {node['spec']['providerID']}" in line for line in h.lines)
+    finally:
+        scaler.close()

@@ -78,6 +78,12 @@ class CloudProvider(Protocol):
         """A drift reason, or "" when the instance still matches its NodeClass."""
         ...
 
+    def find(self, nodeclaim: dict[str, Any]) -> str | None:
+        """The providerID of a live instance launched for this NodeClaim, found by what the launch marked it with
+        (not by the claim's `status.providerID`: a process that died between the launch and recording it left
+        none), or None when there is none."""
+        ...
+
 
 def quantities(amounts: dict[str, float]) -> dict[str, str]:
     return {k: format_quantity(v) for k, v in amounts.items()}
@@ -108,6 +114,15 @@ def launch_choice(types: Sequence[InstanceType], claim: dict[str, Any],
         name = claim["metadata"]["name"]
         raise InsufficientCapacityError(f"nodeclaim {name}: no requested instance type has an available offering")
     return best
+
+
+def kwok_node_name(nodeclaim: str, uid: str) -> str:
+    """The Node a launch makes for a claim, named from its uid (or, for a claim the API server has not seen, a
+    count): a launch retried after a crash gets the same name and finds the Node the first attempt made, and so does
+    termination looking for an instance whose providerID was never recorded."""
+    digest = hashlib.sha1(f"{nodeclaim}/{uid}".encode()).hexdigest()[:5]
+    # the name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters
+    return f"kwok-{nodeclaim[:63 - len('kwok--') - len(digest)]}-{digest}"
 
 
 @dataclass
@@ -149,6 +164,10 @@ class InstanceListing:
     def is_drifted(self, nodeclaim: dict[str, Any]) -> str:
         return ""
 
+    def find(self, nodeclaim: dict[str, Any]) -> str | None:
+        """A launch records its providerID in the same step that makes the instance: nothing to find."""
+        return None
+
 
 class SimulatedProvider(InstanceListing):
     """A kwok-style provider: Nodes in the cluster, GPUs as in-memory simulated backends."""
@@ -179,17 +198,15 @@ class SimulatedProvider(InstanceListing):
         sharing = sharing_of(labels, annotations, f"NodeClaim {meta['name']}: metadata")
         it, offering = launch_choice(self.types, nodeclaim, lambda t: sharing_capacity(sharing, t))
         self.create_calls += 1
-        # the claim's uid (or, for a claim the API server has not seen, a count) names the Node: a launch retried
-        # after a crash gets the same name and finds the Node the first attempt made
-        digest = hashlib.sha1(f"{meta['name']}/{meta.get('uid') or self.create_calls}".encode()).hexdigest()[:5]
-        # the name is also the `kubernetes.io/hostname` label, whose values stop at 63 characters
-        node_name = f"kwok-{meta['name'][:63 - len('kwok--') - len(digest)]}-{digest}"
+        node_name = kwok_node_name(meta["name"], str(meta.get("uid") or self.create_calls))
         provider_id = f"kwok://{node_name}"
         ready = self.registration_delay <= 0   # no delay: the kubelet is Ready from the start (no status write later)
         backend = simulated_gpu_backend(it.gpu_model, it.gpu_count, sharing.mig_config) \
             if it.gpu_model and it.gpu_count else None
+        # the claim's name too, as a kubelet's --node-labels would: a claim whose providerID was never recorded still
+        # finds its instance (`find`)
         node_labels = {**labels, **it.labels, **offering.labels(), L.HOSTNAME_LABEL: node_name,
-                       L.SIMULATED_NODE_LABEL: "true", "kwok.x-k8s.io/node": "fake"}
+                       L.NODECLAIM_LABEL: meta["name"], L.SIMULATED_NODE_LABEL: "true", "kwok.x-k8s.io/node": "fake"}
         capacity = {k: v for k, v in it.capacity.items() if not k.startswith("nvidia.com/")}
         allocatable = {k: v for k, v in it.allocatable.items() if not k.startswith("nvidia.com/")}
         node = {
@@ -339,6 +356,23 @@ class SimulatedProvider(InstanceListing):
             with contextlib.suppress(KubegpuError):   # owned by the Node: the garbage collector takes any left
                 remove_node_slices(self.cluster, inst.node_name, inst.backend)
         self._forget(provider_id)
+
+    def find(self, nodeclaim: dict[str, Any]) -> str | None:
+        """The instance a launch made for the claim, from its Nodes: the one named from the claim's uid (every
+        launch names it so), or one labelled with the claim's name; only a kwok Node that is not being deleted."""
+        meta = nodeclaim.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        nodes = []
+        if meta.get("uid"):
+            with contextlib.suppress(NotFound):
+                nodes.append(self.reader.get("Node", kwok_node_name(name, str(meta["uid"]))))
+        if name:
+            nodes.extend(self.reader.list("Node", label_selector=f"{L.NODECLAIM_LABEL}={name}"))
+        for node in nodes:
+            provider_id = str((node.get("spec") or {}).get("providerID") or "")
+            if provider_id.startswith("kwok://") and self._instance(provider_id) is not None:
+                return provider_id
+        return None
 
     def get(self, provider_id: str) -> dict[str, Any]:
         inst = self._instance(provider_id)

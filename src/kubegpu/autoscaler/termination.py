@@ -15,6 +15,12 @@ finalizer removed, and last the NodeClaim's finalizer. Why a claim is terminated
 `kubegpu.io/termination-reason`. Nothing of this lives in memory but backoffs, so any replica that becomes leader
 finishes what the previous one left.
 
+The Node is the claim's `status.nodeName`, else the Node whose `spec.providerID` is the instance's, else the one
+labelled `kubegpu.io/nodeclaim` with the claim's name: a claim deleted before its registration was recorded still
+has its Node drained and deleted. A claim with no providerID may still have an instance (the process that launched
+it died before recording it): the provider is asked to find one by what the launch marked it with (`find`), and one
+it finds is recorded on the claim, then terminated like any other.
+
 Taints and finalizers are shared lists (the node lifecycle controller taints nodes too, a user may hold a NodeClaim
 with a finalizer of their own): they are written with `kubegpu.kube.patching.update_lists`, which adds or removes
 only kubegpu's entries from a fresh read under a resourceVersion precondition.
@@ -88,6 +94,39 @@ PodKey = tuple[str, str, str]   # namespace, name, uid: a replacement pod of the
 def pod_key(pod: Mapping[str, Any]) -> PodKey:
     meta = pod.get("metadata") or {}
     return meta.get("namespace", "default"), str(meta.get("name", "")), str(meta.get("uid", ""))
+
+
+@dataclass
+class NodeIndex:
+    """The pass's Nodes by spec.providerID and by the `kubegpu.io/nodeclaim` label, built once on the pass's thread
+    and only read by the workers."""
+
+    by_name: Mapping[str, dict[str, Any]]
+    by_provider: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_claim: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, nodes: Mapping[str, dict[str, Any]]) -> NodeIndex:
+        index = cls(nodes)
+        for node in nodes.values():
+            if provider_id := (node.get("spec") or {}).get("providerID"):
+                index.by_provider[str(provider_id)] = node
+            if claim := ((node.get("metadata") or {}).get("labels") or {}).get(L.NODECLAIM_LABEL):
+                index.by_claim[str(claim)] = node
+        return index
+
+    def node_of(self, claim: Mapping[str, Any], provider_id: str) -> dict[str, Any] | None:
+        """The claim's Node: by status.nodeName, else by the instance's providerID, else by the claim's label (only
+        a Node of that instance, or any when the claim has no instance to compare)."""
+        node = self.by_name.get((claim.get("status") or {}).get("nodeName") or "")
+        if node is None and provider_id:
+            node = self.by_provider.get(provider_id)
+        if node is None:
+            labelled = self.by_claim.get(name_of(claim))
+            if labelled is not None and (not provider_id or (labelled.get("spec") or {}).get("providerID")
+                                         == provider_id):
+                node = labelled
+        return node
 
 
 @dataclass
@@ -174,18 +213,19 @@ class Termination:
         now = self.clock.now()
         due = [(name, claim) for name, claim in deleting.items() if now >= self._failures.get(name, (0, 0.0))[1]]
         pods_on = snapshot.pods_on   # grouped once here, read-only in the workers
+        index = NodeIndex.of(snapshot.nodes) if due else None   # indexed only on a pass that terminates
 
         def one(item: tuple[str, dict[str, Any]]) -> Pass:
             done = Pass()
             try:
-                self._terminate(item[1], snapshot, pods_on, now, done)
+                self._terminate(item[1], snapshot, pods_on, index or NodeIndex(snapshot.nodes), now, done)
             except KubegpuError as exc:
                 done.error = str(exc)
             return done
 
         for (name, claim), done in zip(due, each_at_once(one, due, self.parallelism), strict=True):
             self._merge(name, claim, done, now)
-        self._follow_deleted_nodes(snapshot)
+        self._follow_deleted_nodes(snapshot, index)
 
     def _merge(self, name: str, claim: dict[str, Any], done: Pass, now: float) -> None:
         for key, why in done.refused.items():
@@ -213,14 +253,20 @@ class Termination:
                 self.metrics.nodes_terminated.labels(pool, zone).inc()
         self.terminated.append((self.clock.now(), name, reason))
 
-    def _follow_deleted_nodes(self, snapshot: Snapshot) -> None:
+    def _follow_deleted_nodes(self, snapshot: Snapshot, index: NodeIndex | None) -> None:
         """A Node deleted directly (kubectl delete node) takes its NodeClaim with it, as in Karpenter; a Node with
         our finalizer and no NodeClaim has nothing left to terminate and is let go."""
-        by_node = {(c.get("status") or {}).get("nodeName"): c for c in snapshot.nodeclaims}
-        for node in snapshot.nodes.values():
-            meta = node.get("metadata") or {}
-            if not meta.get("deletionTimestamp") or L.TERMINATION_FINALIZER not in (meta.get("finalizers") or []):
-                continue
+        deleted = [node for node in snapshot.nodes.values() if (node.get("metadata") or {}).get("deletionTimestamp")
+                   and L.TERMINATION_FINALIZER in ((node.get("metadata") or {}).get("finalizers") or [])]
+        if not deleted:
+            return
+        index = index or NodeIndex.of(snapshot.nodes)
+        by_node: dict[str, dict[str, Any]] = {}
+        for each in snapshot.nodeclaims:
+            found = index.node_of(each, (each.get("status") or {}).get("providerID") or "")
+            if found is not None:
+                by_node[name_of(found)] = each
+        for node in deleted:
             claim = by_node.get(name_of(node))
             try:
                 if claim is None:
@@ -231,16 +277,19 @@ class Termination:
                 self.log(f"node {name_of(node)}: termination: {exc}")
 
     def _terminate(self, claim: dict[str, Any], snapshot: Snapshot, pods_on: Mapping[str, list[dict[str, Any]]],
-                   now: float, done: Pass) -> None:
+                   index: NodeIndex, now: float, done: Pass) -> None:
         name = name_of(claim)
-        node_name = (claim.get("status") or {}).get("nodeName") or ""
-        node = snapshot.nodes.get(node_name) if node_name else None
+        provider_id = (claim.get("status") or {}).get("providerID") or ""
+        if not provider_id and not self._launching(name):
+            provider_id = self._find_instance(claim)
+        node = index.node_of(claim, provider_id)
+        node_name = name_of(node) if node is not None else ""
         if node is not None and not has_taint(node, L.DISRUPTED_TAINT) \
                 and not (node.get("metadata") or {}).get("deletionTimestamp"):
             taint_node(self.cluster, node_name, True)
         if node is not None and not self._drain(claim, pods_on.get(node_name, []), snapshot, now, done):
             return
-        if not self._instance_gone(claim):
+        if not self._instance_gone(claim, provider_id):
             return
         if node is not None:
             with contextlib.suppress(NotFound):
@@ -256,13 +305,27 @@ class Termination:
             with contextlib.suppress(NotFound):
                 update_lists(self.cluster, "Node", name_of(node), [FINALIZER_GONE], seen=node)
 
-    def _instance_gone(self, claim: dict[str, Any]) -> bool:
+    def _launching(self, name: str) -> bool:
+        return self.state is not None and name in self.state.launching
+
+    def _find_instance(self, claim: dict[str, Any]) -> str:
+        """The providerID of an instance launched for a claim that recorded none (its launcher died in between),
+        recorded on the claim before it is acted on; "" when the provider has none."""
+        provider_id = self.provider.find(claim) or ""
+        if provider_id:
+            self.log(f"nodeclaim {name_of(claim)}: found instance {provider_id}, launched but never recorded")
+            self.cluster.patch("NodeClaim", name_of(claim), {"status": {"providerID": provider_id}},
+                               subresource="status")
+        return provider_id
+
+    def _instance_gone(self, claim: dict[str, Any], provider_id: str) -> bool:
         """Ask the provider to delete the instance; True only once it confirms the instance is gone."""
-        if self.state is not None and name_of(claim) in self.state.launching:
+        if self._launching(name_of(claim)):
             return False  # a launch is under way in another stage: its instance must not be missed
-        provider_id = (claim.get("status") or {}).get("providerID")
         if not provider_id:
-            return True   # never launched
+            return True   # never launched: the provider has no instance for it
+        if (claim.get("status") or {}).get("providerID") != provider_id:
+            claim = {**claim, "status": {**(claim.get("status") or {}), "providerID": provider_id}}
         try:
             self.provider.delete(claim)
         except NodeClaimNotFoundError:

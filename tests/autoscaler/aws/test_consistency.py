@@ -116,3 +116,45 @@ def test_a_claim_deleted_right_after_launch_keeps_its_finalizer_until_ec2_confir
     clock.advance(60)   # past the sweep's minimum age: nothing of ours is left for it
     collector = garbage_collection(scaler)
     assert collector is not None and collector.collect(scaler, force=True) == []
+
+
+def test_an_instance_launched_for_a_claim_that_never_recorded_it_is_terminated_before_the_claim_goes(
+        account: Account) -> None:
+    clock = VirtualClock(time.time())
+    cluster = MemoryCluster(clock)
+    provider, ec2 = provider_on(account, clock)
+    provider.nodeclasses = {}
+    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
+    cluster.create(nodeclass_manifest())
+    pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
+    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
+    cluster.create(pool)
+    cluster.create(gpu_pod("train"))
+    for _ in range(10):
+        if cluster.list("NodeClaim"):
+            break
+        scaler.step()
+        clock.advance(1)
+    [claim] = cluster.list("NodeClaim")
+    assert not (claim.get("status") or {}).get("providerID")
+    launched = provider.create(claim)   # the leader launched it and died before recording the providerID
+    instance = (parse_provider_id(launched["status"]["providerID"]) or ("", ""))[1]
+    assert running(account) == [instance]
+    cluster.create({"apiVersion": "v1", "kind": "Node",   # its kubelet registered, under a name of its own
+                    "metadata": {"name": "ip-10-0-0-1.ec2.internal"},
+                    "spec": {"providerID": launched["status"]["providerID"]}})
+    scaler.close()
+    cluster.delete("Pod", "train")
+    cluster.delete("NodeClaim", claim["metadata"]["name"])   # deleted before any replica launched it again
+    restarted, _ = provider_on(account, clock, ec2)   # a new leader: no memory of the launch, EC2 still lagging
+    restarted.nodeclasses = {}
+    scaler = aws_autoscaler(cluster, restarted, clock, Options(validation_delay=0))
+    for _ in range(120):
+        scaler.step()
+        clock.advance(1)
+        if not cluster.list("NodeClaim"):
+            break
+        [held] = cluster.list("NodeClaim")
+        assert held["status"]["providerID"] == launched["status"]["providerID"]   # recorded before it is acted on
+    assert cluster.list("NodeClaim") == [] and running(account) == [] and cluster.list("Node") == []
+    scaler.close()

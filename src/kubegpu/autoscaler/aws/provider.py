@@ -365,6 +365,21 @@ class AwsProvider:
             out.extend(self._as_claim(inst) for inst in res.get("Instances") or [])
         return out
 
+    def find(self, nodeclaim: dict[str, Any]) -> str | None:
+        """A live instance of this cluster tagged with the claim's name (every launch tags it so), for a claim whose
+        providerID was never recorded; None when EC2 shows none. An instance EC2 does not show yet is the garbage
+        collection sweep's: it carries our tags and no NodeClaim owns it."""
+        name = str((nodeclaim.get("metadata") or {}).get("name") or "")
+        if not name:
+            return None
+        filters = [{"Name": f"tag:{A.NODECLAIM_TAG}", "Values": [name]},
+                   {"Name": f"tag:{A.CLUSTER_NAME_TAG}", "Values": [self.cluster_name]},
+                   {"Name": "instance-state-name", "Values": LIVE_STATES}]
+        for res in paginate(self.clients.ec2, "describe_instances", "Reservations", Filters=filters):
+            for inst in res.get("Instances") or []:
+                return str(self._as_claim(inst)["status"]["providerID"])
+        return None
+
     def garbage_collect(self, known_provider_ids: Iterable[str]) -> builtins.list[str]:
         """Terminate our tagged instances that no NodeClaim owns and that are older than 30 s; their ids."""
         known = set(known_provider_ids)
