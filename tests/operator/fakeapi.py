@@ -28,6 +28,7 @@ class FakeApi:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pdbs: list[Pdb] = field(default_factory=list)
+    nodepools: list[dict[str, Any]] = field(default_factory=list)   # kubegpu's and Karpenter's, apiVersion set
     applied: list[Key] = field(default_factory=list)
     deleted: list[Key] = field(default_factory=list)
     evictions_refused: int = 0
@@ -88,6 +89,9 @@ class FakeApi:
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(n) for n in self.nodes.values()]
+
+    def list_nodepools(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.nodepools)
 
     def patch_node(self, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
         meta = self.nodes[name]["metadata"]

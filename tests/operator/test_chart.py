@@ -92,6 +92,13 @@ def test_operator_rbac_is_least_privilege_and_can_grant_every_operand_role() -> 
     assert ("", "pods/eviction", "create") in held and ("", "pods", "delete") in held
 
 
+def test_operator_may_inform_the_nodepools_whose_gpus_it_charges() -> None:
+    role = next(o for o in rendered({}) if o["kind"] == "ClusterRole")
+    held = _grants(role["rules"])
+    wanted = {(group, "nodepools", verb) for group in ("kubegpu.io", "karpenter.sh") for verb in ("list", "watch")}
+    assert wanted <= held
+
+
 def _dockerfile() -> list[tuple[str, str]]:
     lines, buffer = [], ""
     for raw in (ROOT / "Dockerfile").read_text().splitlines():

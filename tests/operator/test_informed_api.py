@@ -9,7 +9,13 @@ from typing import Any
 from kubegpu.clock import VirtualClock
 from kubegpu.kube import MemoryCluster
 from kubegpu.operator import controller
-from kubegpu.operator.controller import OWNED_KINDS, LightkubeOperatorApi, register_owned_kinds
+from kubegpu.operator.controller import (
+    KARPENTER_NODEPOOL,
+    NODEPOOL_KINDS,
+    OWNED_KINDS,
+    LightkubeOperatorApi,
+    register_owned_kinds,
+)
 from kubegpu.operator.render import OWNER_LABEL
 from tests.operator.fakeapi import FakeApi
 
@@ -27,14 +33,18 @@ class Response:
 class Discovery:
     """The API server's discovery documents, as the GETs of lightkube's httpx client answer them."""
 
-    def __init__(self, hidden: set[str]) -> None:
+    def __init__(self, hidden: set[str], hidden_versions: set[str] | None = None) -> None:
         self.hidden = hidden
+        self.hidden_versions = hidden_versions or set()   # group versions not served at all (404)
         self.gets = 0
 
     def get(self, path: str) -> Response:
         self.gets += 1
         version = path.removeprefix("/api/").removeprefix("/apis/")
-        resources = [{"name": plural, "kind": kind} for api_version, kind, plural, _ in OWNED_KINDS
+        if version in self.hidden_versions:
+            return Response(404, {})
+        kinds = [*((v, k, p) for v, k, p, _ in OWNED_KINDS), *((v, k, p) for v, k, p, _ in NODEPOOL_KINDS)]
+        resources = [{"name": plural, "kind": kind} for api_version, kind, plural in kinds
                      if api_version == version and kind not in self.hidden]
         return Response(200, {"resources": [*resources, *({"name": f"{r['name']}/status", "kind": r["kind"]}
                                                           for r in resources)]})
@@ -106,3 +116,34 @@ def test_no_pass_runs_while_the_cache_is_stale() -> None:
     assert scheduler.run("p", force=True) is None and "status" not in api.policies["p"]
     stale[0] = False
     assert scheduler.run("p", force=True) is not None and "status" in api.policies["p"]
+
+
+def test_nodepools_are_informed_from_the_first_pass_that_asks_and_karpenters_once_it_is_served() -> None:
+    register_owned_kinds()
+    store = MemoryCluster(VirtualClock(0))
+    lists: list[str] = []
+    original = store.list_with_version
+
+    def counting(kind: str, *args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+        lists.append(kind)
+        return original(kind, *args, **kwargs)
+
+    store.list_with_version = counting  # type: ignore[method-assign]
+    store.create({"apiVersion": "kubegpu.io/v1", "kind": "NodePool", "metadata": {"name": "h200"}, "spec": {}})
+    http = Discovery(hidden=set(), hidden_versions={"karpenter.sh/v1"})   # no Karpenter installed
+    api = LightkubeOperatorApi(client=Client(http))
+    api.inform(store)
+    assert "NodePool" not in lists   # read only by passes with quotas
+    for _ in range(3):
+        assert [(p["apiVersion"], p["metadata"]["name"]) for p in api.list_nodepools()] == [("kubegpu.io/v1", "h200")]
+    assert lists.count("NodePool") == 1 and KARPENTER_NODEPOOL not in lists   # informed once; Karpenter's not served
+
+    http.hidden_versions = set()   # Karpenter installed: its NodePools join from the next pass on
+    # the in-memory store knows Karpenter's kind by the name kubegpu.kube gives it; the API server by NodePool
+    store.create({"apiVersion": "karpenter.sh/v1", "kind": KARPENTER_NODEPOOL, "metadata": {"name": "l4"}, "spec": {}})
+    expected = [("kubegpu.io/v1", "NodePool", "h200"), ("karpenter.sh/v1", "NodePool", "l4")]
+    assert [(p["apiVersion"], p["kind"], p["metadata"]["name"]) for p in api.list_nodepools()] == expected
+    gets, listed = http.gets, len(lists)
+    api.list_nodepools()
+    assert http.gets == gets and len(lists) == listed   # both informed now: no discovery, no LIST
+    assert api.trusted()

@@ -79,6 +79,11 @@ OWNED_KINDS = (
     ("v1", "ConfigMap", "configmaps", True),
 )
 READ_KINDS = ("ClusterPolicy", "Node", "Pod")  # informed whole: the policies, and what a pass reads of the nodes
+# the NodePools whose GPUs join the quota's charge table, (apiVersion, kind, plural, name in kubegpu.kube): Karpenter's
+# has kubegpu's kind, so it is known under another name (only listed and watched)
+KARPENTER_NODEPOOL = "KarpenterNodePool"
+NODEPOOL_KINDS = (("kubegpu.io/v1", "NodePool", "nodepools", "NodePool"),
+                  ("karpenter.sh/v1", "NodePool", "nodepools", KARPENTER_NODEPOOL))
 
 
 def register_owned_kinds() -> None:
@@ -88,6 +93,9 @@ def register_owned_kinds() -> None:
             group, _, version = api_version.rpartition("/")
             register_kind(ResourceKind(kind, group, version, plural, namespaced=namespaced, status_subresource=False,
                                        strategic_merge=not group.endswith("coreos.com")))
+    if KARPENTER_NODEPOOL not in KINDS:
+        register_kind(ResourceKind(KARPENTER_NODEPOOL, "karpenter.sh", "v1", "nodepools", namespaced=False,
+                                   status_subresource=True, strategic_merge=False))
 
 
 def served_kinds(client: Any, kinds: list[tuple[str, str]]) -> set[str]:
@@ -144,15 +152,19 @@ class LightkubeOperatorApi:
         if self.informer is not None:
             self.informer.observe(obj)
 
-    def _owned_source(self, api_version: str, kind: str) -> InformedCluster | None:
-        """The informer holding an owned kind; None while the server does not serve it (then nothing of it
-        exists to find). A kind not served at the start is looked up in discovery on each call until it is."""
+    def _owned_source(self, api_version: str, kind: str, name: str | None = None,
+                      selector: str | None = OWNER_LABEL) -> InformedCluster | None:
+        """The informer holding a kind (`name` in kubegpu.kube, if not `kind`), narrowed by `selector`; None while
+        the server does not serve it (then nothing of it exists to find). A kind not served at the start is looked
+        up in discovery on each call until it is."""
         assert self.informer is not None
-        if kind in self.informer.kinds:
+        name = name or kind
+        if name in self.informer.kinds:
             return self.informer
-        late = self.late.get(kind)
+        late = self.late.get(name)
         if late is None and served_kinds(self.client, [(api_version, kind)]):
-            late = self.late[kind] = InformedCluster(self.informer.store, (kind,), selectors={kind: OWNER_LABEL})
+            late = self.late[name] = InformedCluster(self.informer.store, (name,),
+                                                     selectors={name: selector} if selector else None)
         return late
 
     @staticmethod
@@ -244,6 +256,24 @@ class LightkubeOperatorApi:
         if self.informer is not None:
             return self.informer.list("Node")
         return [self._dict(n) for n in self.client.list(Node)]
+
+    def list_nodepools(self) -> list[dict[str, Any]]:
+        """kubegpu's and Karpenter's NodePools: from informers started on the first call, or the server before."""
+        from lightkube.generic_resource import create_global_resource
+
+        out: list[dict[str, Any]] = []
+        for api_version, kind, plural, name in NODEPOOL_KINDS:
+            items: list[dict[str, Any]] = []
+            if self.informer is not None:
+                source = self._owned_source(api_version, kind, name, selector=None)
+                items = source.list(name) if source is not None else []
+            elif served_kinds(self.client, [(api_version, kind)]):
+                group, version = api_version.split("/")
+                resource = create_global_resource(group, version, kind, plural)
+                with _api_errors(f"list {kind} ({api_version})"):
+                    items = [self._dict(o) for o in self.client.list(resource)]
+            out += [{**pool, "apiVersion": api_version, "kind": kind} for pool in items]
+        return out
 
     def patch_node(self, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
         from lightkube.resources.core_v1 import Node

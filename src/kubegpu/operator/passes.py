@@ -32,6 +32,11 @@ class OperatorApi(Protocol):
 
     def list_nodes(self) -> list[dict[str, Any]]: ...
 
+    def list_nodepools(self) -> list[dict[str, Any]]:
+        """kubegpu's (`kubegpu.io/v1`) and Karpenter's (`karpenter.sh/v1`) NodePools, each with its apiVersion;
+        none of a kind the server does not serve."""
+        ...
+
     def patch_node(self, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None: ...
 
     def set_unschedulable(self, name: str, value: bool) -> None: ...
@@ -91,7 +96,9 @@ def run_pass(api: OperatorApi, name: str, namespace: str, now: float, now_text: 
 
 def _reconcile(api: OperatorApi, policy: ClusterPolicy, namespace: str, now: float, result: PassResult) -> None:
     nodes = api.list_nodes()
-    rendered = render(policy, namespace, [_labels(n) for n in nodes])  # the quota table: the nodes' GPUs
+    pools = _nodepools(api, result) if policy.spec.quota.enabled else []
+    rendered = render(policy, namespace, [_labels(n) for n in nodes], pools)  # the quota table: the GPUs of the
+    # nodes and of the nodes the NodePools may launch
     plan = R.plan(rendered, api.list_owned(policy.name, namespace), policy.name)
     live: dict[R.Key, dict[str, Any]] = {}
     for obj in plan.apply:
@@ -109,6 +116,22 @@ def _reconcile(api: OperatorApi, policy: ClusterPolicy, namespace: str, now: flo
     result.nfd_labelled = any(_labels(n).get(k) == "true" for n in nodes for k in NFD_GPU_LABELS)
     result.upgrade_states = [_labels(n).get(upgrade.STATE_LABEL, "") for n in gpu]
     result.status = R.outcome(R.states_not_ready(plan, live), result.gpu_nodes, result.nfd_labelled)
+
+
+def _nodepools(api: OperatorApi, result: PassResult) -> list[dict[str, Any]]:
+    """The NodePools whose GPUs join the charge table. One whose requirements cannot be read (an older CRD that
+    let it through) is left out with a note, not a failed pass: the nodes it launched are in the table anyway."""
+    from kubegpu.sharing.charges import nodepool_shapes
+
+    pools = []
+    for pool in api.list_nodepools():
+        try:
+            nodepool_shapes(pool)
+        except KubegpuError as exc:
+            result.notes.append(f"quota table: {exc}")
+            continue
+        pools.append(pool)
+    return pools
 
 
 def _labels(node: dict[str, Any]) -> dict[str, str]:

@@ -402,7 +402,8 @@ def node_agent_policy(namespace: str, state: str) -> list[dict[str, Any]]:
 
 
 def state_objects(policy: ClusterPolicy, state: str, namespace: str,
-                  gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
+                  gpu_nodes: Sequence[Mapping[str, str]] = (),
+                  nodepools: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Objects of one state, in the GPU Operator's file order (ServiceAccount → RBAC → workload → Service)."""
     if state == "pre-requisites":
         return [{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
@@ -415,7 +416,7 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str,
                           "ports": [{"name": "metrics", "port": 8080, "targetPort": 8080}]}}]
     objects: list[dict[str, Any]] = []
     if state == "state-quota" and policy.spec.quota.enabled:
-        objects += quota_objects(policy, namespace, state, gpu_nodes)
+        objects += quota_objects(policy, namespace, state, gpu_nodes, nodepools)
     for op in OPERANDS:
         if op.state != state or not enabled(policy, op):
             continue
@@ -426,14 +427,16 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str,
     return objects
 
 
-def quota_objects(policy: ClusterPolicy, namespace: str, state: str,
-                  gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
-    """The charge table (from `spec.quota`) and the admission policies of deploy/kubernetes/quota, in this namespace."""
+def quota_objects(policy: ClusterPolicy, namespace: str, state: str, gpu_nodes: Sequence[Mapping[str, str]] = (),
+                  nodepools: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The charge table (from `spec.quota`, the nodes' labels and the GPUs the cluster's NodePools may launch) and the
+    admission policies of deploy/kubernetes/quota, in this namespace."""
     from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
     from kubegpu.sharing.charges import ChargeTable
 
     spec = policy.spec.quota
-    table = ChargeTable.for_cluster(spec.gpuModels, gpu_nodes, dict(spec.replicas))  # gpu_nodes: their labels
+    table = ChargeTable.for_cluster(spec.gpuModels, gpu_nodes, dict(spec.replicas),  # gpu_nodes: their labels
+                                    pools=nodepools)
     objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
     for obj in objects:
         obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
@@ -453,13 +456,14 @@ def owner_reference(policy: ClusterPolicy) -> dict[str, Any] | None:
             "blockOwnerDeletion": True}
 
 
-def render(policy: ClusterPolicy, namespace: str = DEFAULT_NAMESPACE,
-           gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(state, objects) for every state in order; a disabled state has no objects (the controller deletes them)."""
+def render(policy: ClusterPolicy, namespace: str = DEFAULT_NAMESPACE, gpu_nodes: Sequence[Mapping[str, str]] = (),
+           nodepools: Sequence[Mapping[str, Any]] = ()) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(state, objects) for every state in order; a disabled state has no objects (the controller deletes them).
+    `gpu_nodes` (the nodes' labels) and `nodepools` (kubegpu's and Karpenter's) feed the quota's charge table."""
     owner = owner_reference(policy)
     out = []
     for state in STATES:
-        objects = state_objects(policy, state, namespace, gpu_nodes)
+        objects = state_objects(policy, state, namespace, gpu_nodes, nodepools)
         for obj in objects:
             obj["metadata"]["labels"][OWNER_LABEL] = policy.name
             if owner is not None:
