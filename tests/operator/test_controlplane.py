@@ -256,3 +256,62 @@ def test_rolling_driver_upgrade_on_real_nodes_respects_parallelism_and_the_pdb(
         delete_policy(api, name)
         for node in nodes:
             real_cluster.delete_node(node)
+
+
+KARPENTER_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "nodepools.karpenter.sh"},
+    "spec": {"group": "karpenter.sh", "scope": "Cluster",
+             "names": {"kind": "NodePool", "plural": "nodepools", "singular": "nodepool", "listKind": "NodePoolList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def test_the_nodepools_whose_gpus_the_quota_charges_are_read_from_the_server(api: LightkubeOperatorApi,
+                                                                              real_cluster: RealCluster) -> None:
+    """kubegpu's NodePools and, once its CRD is served, Karpenter's: read from the server and through informers."""
+    from lightkube import codecs
+    from lightkube.generic_resource import create_global_resource
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    def established(name: str) -> bool:
+        conditions = api.client.get(CustomResourceDefinition, name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_for(lambda: established("nodepools.kubegpu.io"), "kubegpu's NodePool CRD Established")
+    suffix = uuid.uuid4().hex[:6]
+    ours = create_global_resource("kubegpu.io", "v1", "NodePool", "nodepools")
+    theirs = create_global_resource("karpenter.sh", "v1", "NodePool", "nodepools")
+    requirements = [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5e.48xlarge"]}]
+    api.client.create(codecs.from_dict({"apiVersion": "kubegpu.io/v1", "kind": "NodePool",
+                                        "metadata": {"name": f"h200-{suffix}"},
+                                        "spec": {"template": {"spec": {"requirements": requirements}}}}))
+    informed = LightkubeOperatorApi(real_cluster.client())
+    try:
+        def names() -> set[tuple[str, str]]:
+            return {(p["apiVersion"], p["metadata"]["name"]) for p in api.list_nodepools()}
+
+        assert ("kubegpu.io/v1", f"h200-{suffix}") in names()   # Karpenter's CRD not installed: only ours
+        informed.inform(real_cluster.cluster())
+        assert ("kubegpu.io/v1", f"h200-{suffix}") in {(p["apiVersion"], p["metadata"]["name"])
+                                                        for p in informed.list_nodepools()}
+        api.client.create(codecs.from_dict(KARPENTER_CRD))
+        wait_for(lambda: established("nodepools.karpenter.sh"), "Karpenter's NodePool CRD Established")
+        api.client.create(codecs.from_dict({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                                            "metadata": {"name": f"l4-{suffix}"},
+                                            "spec": {"template": {"spec": {"requirements": []}}}}))
+        assert ("karpenter.sh/v1", f"l4-{suffix}") in names()
+        both = {("kubegpu.io/v1", "NodePool", f"h200-{suffix}"), ("karpenter.sh/v1", "NodePool", f"l4-{suffix}")}
+        wait_for(lambda: both <= {(p["apiVersion"], p["kind"], p["metadata"]["name"])
+                                  for p in informed.list_nodepools()}, "both NodePools through the informers")
+        assert informed.trusted()
+    finally:
+        for source in (informed.informer, *informed.late.values()):
+            if source is not None:
+                source.stop()
+        with contextlib.suppress(Exception):
+            api.client.delete(ours, f"h200-{suffix}")
+        with contextlib.suppress(Exception):
+            api.client.delete(theirs, f"l4-{suffix}")
+        with contextlib.suppress(Exception):
+            api.client.delete(CustomResourceDefinition, "nodepools.karpenter.sh")
