@@ -15,16 +15,12 @@ import pytest
 from kubegpu.autoscaler.aws.conditions import compute, not_ready, terms_text
 from kubegpu.autoscaler.aws.nodeclass import EC2NodeClassStatus, SubnetStatus, parse_ec2nodeclass
 from kubegpu.autoscaler.aws.provider import AwsProvider, NodeClassNotReadyError
-from kubegpu.autoscaler.aws.upkeep import aws_autoscaler
-from kubegpu.autoscaler.controller import Options
 from kubegpu.autoscaler.provisioner import run_pass
 from kubegpu.clock import VirtualClock
-from kubegpu.kube import MemoryCluster
 from tests.autoscaler.aws.moto_env import DISCOVERY, K8S, SSM_PREFIX, Account, nodeclass_manifest
 from tests.autoscaler.aws.test_cli import A10G, gpu_pods, write
 from tests.autoscaler.aws.test_cli import gpu_pool as gpu_pool_manifest
-from tests.autoscaler.aws.test_provider import GPU_NAME, ON_DEMAND, gpu_pod, gpu_pool, provider_for
-from tests.autoscaler.builders import nodepool
+from tests.autoscaler.aws.test_provider import GPU_NAME, gpu_cluster, gpu_pod, gpu_pool, provider_for
 from tests.autoscaler.test_cli import invoke
 
 NOWHERE = {"karpenter.sh/discovery": "nowhere"}
@@ -163,15 +159,9 @@ def test_provision_reports_the_not_ready_class_per_pod(tmp_path: Path, account: 
 
 def test_the_controller_writes_a_not_ready_status_and_launches_nothing(account: Account) -> None:
     clock = VirtualClock(time.time())
-    cluster = MemoryCluster(clock)
     provider = AwsProvider(account.clients, "gpu-cluster", {}, clock, use_pricing_api=False, ssm_prefix=SSM_PREFIX,
                            k8s_version=K8S, type_patterns=("g5.xlarge",))
-    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
-    cluster.create(nodeclass_manifest(subnetSelectorTerms=[{"tags": NOWHERE}]))
-    pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
-    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
-    cluster.create(pool)
-    cluster.create(gpu_pod("train"))
+    cluster, scaler = gpu_cluster(provider, clock, nodeclass_manifest(subnetSelectorTerms=[{"tags": NOWHERE}]))
     for _ in range(4):
         scaler.step()
         clock.advance(2)

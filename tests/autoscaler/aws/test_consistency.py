@@ -18,12 +18,10 @@ from kubegpu.autoscaler.aws.upkeep import aws_autoscaler, garbage_collection
 from kubegpu.autoscaler.controller import Options
 from kubegpu.autoscaler.provider import NodeClaimNotFoundError
 from kubegpu.clock import VirtualClock
-from kubegpu.kube import MemoryCluster
 from kubegpu.kube.cluster import format_timestamp
 from tests.autoscaler.aws.lagging import lagging
 from tests.autoscaler.aws.moto_env import K8S, SSM_PREFIX, Account, nodeclass_manifest
-from tests.autoscaler.aws.test_provider import GPU_NAME, ON_DEMAND, PATTERNS, claims_for, gpu_pod
-from tests.autoscaler.builders import nodepool
+from tests.autoscaler.aws.test_provider import GPU_NAME, ON_DEMAND, PATTERNS, claims_for, gpu_cluster, gpu_pod
 
 LAG = 40.0
 
@@ -84,15 +82,9 @@ def test_an_unparsable_provider_id_is_not_known_yet_then_gone(account: Account) 
 
 def test_a_claim_deleted_right_after_launch_keeps_its_finalizer_until_ec2_confirms(account: Account) -> None:
     clock = VirtualClock(time.time())
-    cluster = MemoryCluster(clock)
     provider, ec2 = provider_on(account, clock)
     provider.nodeclasses = {}
-    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
-    cluster.create(nodeclass_manifest())
-    pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
-    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
-    cluster.create(pool)
-    cluster.create(gpu_pod("train"))
+    cluster, scaler = gpu_cluster(provider, clock)
     for _ in range(3):
         scaler.step()
         clock.advance(1)
@@ -121,15 +113,9 @@ def test_a_claim_deleted_right_after_launch_keeps_its_finalizer_until_ec2_confir
 def test_an_instance_launched_for_a_claim_that_never_recorded_it_is_terminated_before_the_claim_goes(
         account: Account) -> None:
     clock = VirtualClock(time.time())
-    cluster = MemoryCluster(clock)
     provider, ec2 = provider_on(account, clock)
     provider.nodeclasses = {}
-    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
-    cluster.create(nodeclass_manifest())
-    pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
-    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
-    cluster.create(pool)
-    cluster.create(gpu_pod("train"))
+    cluster, scaler = gpu_cluster(provider, clock)
     for _ in range(10):
         if cluster.list("NodeClaim"):
             break

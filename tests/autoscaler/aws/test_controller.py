@@ -7,31 +7,21 @@ import time
 
 from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.aws.provider import AwsProvider
-from kubegpu.autoscaler.aws.upkeep import aws_autoscaler, garbage_collection
-from kubegpu.autoscaler.controller import Options
+from kubegpu.autoscaler.aws.upkeep import garbage_collection
 from kubegpu.clock import VirtualClock
-from kubegpu.kube import MemoryCluster
 from tests.autoscaler.aws.moto_env import (
     K8S,
     SSM_PREFIX,
     Account,
-    nodeclass_manifest,
 )
-from tests.autoscaler.aws.test_provider import GPU_NAME, ON_DEMAND, PATTERNS, gpu_pod
-from tests.autoscaler.builders import nodepool
+from tests.autoscaler.aws.test_provider import PATTERNS, gpu_cluster
 
 
 def test_pending_gpu_pod_gets_an_instance_and_orphans_are_collected(account: Account) -> None:
     clock = VirtualClock(time.time())
-    cluster = MemoryCluster(clock)
     provider = AwsProvider(account.clients, "gpu-cluster", {}, clock, type_patterns=PATTERNS, use_pricing_api=False,
                            ssm_prefix=SSM_PREFIX, k8s_version=K8S)
-    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
-    cluster.create(nodeclass_manifest())
-    pool = nodepool("gpu", [GPU_NAME, ON_DEMAND])
-    pool["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass", "name": "gpu"}
-    cluster.create(pool)
-    cluster.create(gpu_pod("train"))
+    cluster, scaler = gpu_cluster(provider, clock)
     for _ in range(4):
         scaler.step()
         clock.advance(2)

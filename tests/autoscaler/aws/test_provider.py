@@ -15,9 +15,12 @@ from kubegpu.autoscaler.aws import labels as A
 from kubegpu.autoscaler.aws.launch import parse_provider_id
 from kubegpu.autoscaler.aws.nodeclass import parse_ec2nodeclass
 from kubegpu.autoscaler.aws.provider import AwsProvider, NodeClassNotReadyError
+from kubegpu.autoscaler.aws.upkeep import aws_autoscaler
+from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.provider import InsufficientCapacityError, NodeClaimNotFoundError
 from kubegpu.autoscaler.provisioner import nodeclaim_object, run_pass
 from kubegpu.clock import VirtualClock
+from kubegpu.kube import MemoryCluster
 from tests.autoscaler.aws.moto_env import (
     K8S,
     SSM_PREFIX,
@@ -25,7 +28,7 @@ from tests.autoscaler.aws.moto_env import (
     default_amis,
     nodeclass_manifest,
 )
-from tests.autoscaler.builders import pod, pool
+from tests.autoscaler.builders import nodepool, pod, pool
 
 PATTERNS = ("g5.*", "g4dn.xlarge", "p4d.24xlarge", "m5.large", "m5.xlarge", "m5.2xlarge")
 GPU_NAME = {"key": A.INSTANCE_GPU_NAME, "operator": "In", "values": ["a10g"]}
@@ -47,6 +50,22 @@ def gpu_pool(*requirements: dict[str, Any]) -> Any:
     nodepool.spec.template.spec.nodeClassRef.kind = "EC2NodeClass"
     nodepool.spec.template.spec.nodeClassRef.name = "gpu"
     return nodepool
+
+
+def gpu_cluster(provider: AwsProvider, clock: VirtualClock,
+                nodeclass: dict[str, Any] | None = None) -> tuple[MemoryCluster, Autoscaler]:
+    """What `kubegpu autoscaler --provider aws` meets in the tests that run it whole: the EC2NodeClass `gpu` (the
+    default manifest unless given), a NodePool `gpu` of on-demand A10G nodes on it and the pending GPU pod `train`;
+    and the autoscaler, reading its NodeClasses from the cluster."""
+    cluster = MemoryCluster(clock)
+    scaler = aws_autoscaler(cluster, provider, clock, Options(validation_delay=0))
+    cluster.create(nodeclass or nodeclass_manifest())
+    manifest = nodepool("gpu", [GPU_NAME, ON_DEMAND])
+    manifest["spec"]["template"]["spec"]["nodeClassRef"] = {"group": "kubegpu.io", "kind": "EC2NodeClass",
+                                                            "name": "gpu"}
+    cluster.create(manifest)
+    cluster.create(gpu_pod("train"))
+    return cluster, scaler
 
 
 def claims_for(provider: AwsProvider, pods: list[dict[str, Any]], *requirements: dict[str, Any]) -> list[Any]:
