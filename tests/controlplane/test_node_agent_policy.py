@@ -18,18 +18,17 @@ from typing import Any
 import lightkube
 import pytest
 import yaml
-from lightkube import codecs
-from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
+from lightkube.resources.core_v1 import Node, ServiceAccount
 
 from kubegpu.testing.session import RealCluster, wait_for
+from tests.controlplane.conftest import SHIPPED_NAMESPACE, shipped_objects, token_client
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "deploy/kubernetes/manifests/discover.yaml"
 POLICIES = ROOT / "deploy/kubernetes/policies/node-agents-own-node.yaml"
-NAMESPACE = "kubegpu"  # the policy names the agents' accounts in the namespace the manifests install into
+NAMESPACE = SHIPPED_NAMESPACE  # the policy names the agents' accounts in the namespace the manifests install into
 ACCOUNT = "kubegpu-discover"
 DENIED = "a kubegpu node agent may change only the Node it runs on"
 
@@ -46,26 +45,8 @@ def _shipped_objects() -> list[dict[str, Any]]:
 
 @pytest.fixture
 def shipped(real_cluster: RealCluster) -> Iterator[lightkube.Client]:
-    admin = real_cluster.client()
-    created_namespace = False
-    try:
-        admin.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        created_namespace = True
-    except lightkube.ApiError as exc:
-        if exc.status.code != 409:
-            raise
-    objects = [codecs.from_dict(d) for d in _shipped_objects()]
-    for obj in objects:
-        admin.apply(obj, field_manager="kubegpu-test", force=True)
-    try:
+    with shipped_objects(real_cluster, _shipped_objects()) as admin:
         yield admin
-    finally:
-        for obj in reversed(objects):
-            with contextlib.suppress(lightkube.ApiError):
-                admin.delete(type(obj), obj.metadata.name, namespace=obj.metadata.namespace)
-        if created_namespace:
-            with contextlib.suppress(lightkube.ApiError):
-                admin.delete(Namespace, NAMESPACE)
 
 
 def _agent_client(real_cluster: RealCluster, admin: lightkube.Client, node: Node) -> lightkube.Client:
@@ -75,10 +56,7 @@ def _agent_client(real_cluster: RealCluster, admin: lightkube.Client, node: Node
         boundObjectRef=BoundObjectReference(kind="Node", apiVersion="v1", name=node.metadata.name,
                                             uid=node.metadata.uid)))
     token = admin.create(request, ACCOUNT, namespace=NAMESPACE).status.token
-    config = yaml.safe_load(real_cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "agent", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "agent"
-    return lightkube.Client(config=KubeConfig.from_dict(config), trust_env=False)
+    return token_client(real_cluster, token, "agent")
 
 
 def _relabel(client: lightkube.Client, name: str) -> str | None:

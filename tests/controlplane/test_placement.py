@@ -12,14 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import lightkube
 import pytest
 import yaml
-from lightkube import codecs
-from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, ServiceAccount
+from lightkube.resources.core_v1 import ServiceAccount
 
 from kubegpu.dra.classes import shipped_class_objects
 from kubegpu.dra.devices import gpu_offers, read_node
@@ -33,6 +30,7 @@ from kubegpu.placement.controller import KINDS, PlacementController
 from kubegpu.placement.objects import build_state, inventory, pod_claim_names, pod_request
 from kubegpu.scheduling.placement import Placement, choose, make_policy
 from kubegpu.testing.session import wait_for
+from tests.controlplane.conftest import SHIPPED_NAMESPACE, shipped_objects, token_client
 
 if TYPE_CHECKING:
     from kubegpu.testing.session import RealCluster
@@ -63,48 +61,19 @@ def pod(name: str, namespace: str, claim: dict[str, str], scheduler: str = "kube
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "deploy/kubernetes/dra/place.yaml"
-ACCOUNT_NAMESPACE = "kubegpu"
-
-
-def namespace_ready(admin: lightkube.Client) -> str | None:
-    """"created" or "existing" once the namespace takes new objects; None while an earlier test's deletion of it is
-    still terminating (the API server refuses new objects there until it is gone)."""
-    try:
-        admin.create(Namespace(metadata=ObjectMeta(name=ACCOUNT_NAMESPACE)))
-        return "created"
-    except lightkube.ApiError as exc:
-        if exc.status.code != 409:
-            raise
-    current = admin.get(Namespace, ACCOUNT_NAMESPACE)
-    phase = current.status.phase if current.status else None
-    return None if current.metadata.deletionTimestamp is not None or phase == "Terminating" else "existing"
+ACCOUNT_NAMESPACE = SHIPPED_NAMESPACE
 
 
 @pytest.fixture
 def place_account(real_cluster: RealCluster) -> Iterator[LightkubeCluster]:
     """The shipped ServiceAccount and RBAC of `kubegpu place` applied; a cluster client holding its token."""
-    admin = real_cluster.client()
-    created_namespace = wait_for(lambda: namespace_ready(admin), f"namespace {ACCOUNT_NAMESPACE} usable",
-                                 timeout=60) == "created"
-    objects = [codecs.from_dict(d) for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] in (
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] in (
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
-    for obj in objects:
-        admin.apply(obj, field_manager="kubegpu-test", force=True)
-    try:
+    with shipped_objects(real_cluster, docs) as admin:
         request = ServiceAccount.Token(metadata=ObjectMeta(name="kubegpu-place", namespace=ACCOUNT_NAMESPACE),
                                        spec=TokenRequestSpec(audiences=[], expirationSeconds=1800))
         token = admin.create(request, "kubegpu-place", namespace=ACCOUNT_NAMESPACE).status.token
-        config = yaml.safe_load(real_cluster.kubeconfig.read_text())
-        config["users"] = [{"name": "place", "user": {"token": token}}]
-        config["contexts"][0]["context"]["user"] = "place"
-        yield LightkubeCluster(lightkube.Client(config=KubeConfig.from_dict(config), trust_env=False))
-    finally:
-        for obj in reversed(objects):
-            with contextlib.suppress(lightkube.ApiError):
-                admin.delete(type(obj), obj.metadata.name, namespace=obj.metadata.namespace)
-        if created_namespace:
-            with contextlib.suppress(lightkube.ApiError):
-                admin.delete(Namespace, ACCOUNT_NAMESPACE)
+        yield LightkubeCluster(token_client(real_cluster, token, "place"))
 
 
 def with_claim(pod: dict[str, Any]) -> dict[str, Any] | None:
