@@ -1,0 +1,246 @@
+"""Charging pods' ResourceClaims through the API server's own quota accounting: charge holders.
+
+A pod with `spec.resourceClaims` starts behind the scheduling gate `kubegpu.io/gpu-memory` (the parameterless
+`kubegpu-claim-gate` policy). For each gated pod the quota controller computes every claim's charge
+(`kubegpu.quota.claims`) and creates a **charge holder** per charged claim: a pod in the same namespace that requests
+(and limits) exactly that `kubegpu.io/gpu-memory`, stays behind the same gate forever (never scheduled, never runs),
+and is owned by what it charges — the claim pod for a claim from a template, the ResourceClaim itself for a named one
+(a shared claim is charged once, however many pods use it) — so the garbage collector gives the charge back with it.
+
+Creating the holder goes through the ResourceQuota admission plugin, which checks and updates `used` with its own
+compare-and-swap: no race with any other pod, no cache of ours to be stale. Refused for exceeding a quota, the claim
+pod stays gated with a `GPUMemoryCharged=False` condition (reason `GPUMemoryQuotaExceeded`, the API server's
+message naming the quota) and an Event, and is retried every pass until quota frees. Once each claim is held the
+gate is lifted under a resourceVersion precondition. Holder names follow from what they charge
+(`claims.holder_name`), so a controller that crashed between a holder's create and the lift finds it (AlreadyExists)
+and goes on: nothing is charged twice. A pod of that name that is not a holder (only the controller may create pods
+with the holder label, `kubegpu-charge-holders`) is not taken for one: the pod stays gated, and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubegpu.clock import Clock, RealClock
+from kubegpu.errors import ConfigError
+from kubegpu.kube import Cluster, record_event
+from kubegpu.kube.cluster import format_timestamp
+from kubegpu.kube.errors import ApiError, Conflict, NotFound
+from kubegpu.kube.resources import ResourceKind, register_kind
+from kubegpu.kube.retry import update_with_retry
+from kubegpu.quota.claims import (
+    CLAIM_GATE,
+    HOLDER_LABEL,
+    ClaimCharge,
+    ClaimSourceMissing,
+    holder_name,
+    parse_classes,
+    pod_claim_charges,
+)
+from kubegpu.scheduling.pods import is_finished
+from kubegpu.sharing.charges import ChargeTable, quantity_of_bytes
+from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
+
+log = logging.getLogger("kubegpu.quota")
+CONDITION = "kubegpu.io/GPUMemoryCharged"
+EXCEEDED = "GPUMemoryQuotaExceeded"
+HOLDER_IMAGE = "registry.k8s.io/pause:3.10"
+DRA_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+for _kind, _plural, _namespaced in (("ResourceClaim", "resourceclaims", True),
+                                    ("ResourceClaimTemplate", "resourceclaimtemplates", True),
+                                    ("DeviceClass", "deviceclasses", False)):
+    register_kind(ResourceKind(_kind, "resource.k8s.io", "v1", _plural, namespaced=_namespaced,
+                               status_subresource=_kind == "ResourceClaim", strategic_merge=False))
+
+
+def has_claim_gate(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == CLAIM_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+
+
+def is_holder(pod: Mapping[str, Any]) -> bool:
+    return HOLDER_LABEL in ((pod.get("metadata") or {}).get("labels") or {})
+
+
+def holder_pod(pod: Mapping[str, Any], charge: ClaimCharge) -> dict[str, Any]:
+    """The holder of one claim's charge (module doc): requests = limits = the charge, gated for good, owned by the
+    claim pod (template claim) or the named ResourceClaim."""
+    meta = pod.get("metadata") or {}
+    if charge.shared:
+        owner = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": charge.source,
+                 "uid": charge.owner_uid}
+    else:
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": str(meta.get("name")), "uid": str(meta.get("uid"))}
+    amount = quantity_of_bytes(charge.bytes)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": holder_name(pod, charge), "namespace": meta.get("namespace"),
+                     "labels": {HOLDER_LABEL: str(owner["name"])[:63].rstrip("-_.") or "claim",
+                                "app.kubernetes.io/managed-by": "kubegpu-quota"},
+                     "annotations": {"kubegpu.io/charges": f"{charge.kind}/{charge.source} (claim {charge.entry} "
+                                                           f"of pod {meta.get('name')})"},
+                     "ownerReferences": [owner]},
+        "spec": {"schedulingGates": [{"name": CLAIM_GATE}], "automountServiceAccountToken": False,
+                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "charge", "image": HOLDER_IMAGE, "resources": {
+                     "requests": {GPU_MEMORY_RESOURCE: amount}, "limits": {GPU_MEMORY_RESOURCE: amount}}}]},
+    }
+
+
+def _held(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """`existing` (a pod of the holder's name) is a holder of at least the wanted charge, for the same owner."""
+    if not is_holder(existing):
+        return False
+    owners = {(o.get("kind"), o.get("uid")) for o in (existing.get("metadata") or {}).get("ownerReferences") or ()}
+    want = wanted["metadata"]["ownerReferences"][0]
+    limits = ((existing.get("spec") or {}).get("containers") or [{}])[0].get("resources", {}).get("requests", {})
+    return (want["kind"], want["uid"]) in owners and limits.get(GPU_MEMORY_RESOURCE) == \
+        wanted["spec"]["containers"][0]["resources"]["requests"][GPU_MEMORY_RESOURCE]
+
+
+@dataclass
+class ClaimPass:
+    """What one pass did with gated claim pods."""
+
+    charged: int = 0   # holders created
+    lifted: int = 0
+    waiting: int = 0   # still gated (quota, a missing template, ...)
+
+
+@dataclass
+class ClaimCharger:
+    """The claim-charging half of the quota controller. `cluster`: the informer-backed view (reads); `api`: the API
+    server itself (fresh reads after a 409)."""
+
+    cluster: Cluster
+    api: Cluster
+    table: ChargeTable | None = None
+    component: str = "kubegpu-quota"
+
+    def tick(self, pods: list[dict[str, Any]]) -> ClaimPass:
+        result = ClaimPass()
+        gated = [p for p in pods if has_claim_gate(p) and not is_holder(p) and not is_finished(p)
+                 and not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not gated:
+            return result
+        by_name = {(p["metadata"].get("namespace"), p["metadata"].get("name")): p for p in pods}
+        classes = parse_classes(self.cluster.list("DeviceClass"))
+        namespaces = {str(p["metadata"].get("namespace")) for p in gated}
+        templates = {ns: {t["metadata"]["name"]: t for t in self.cluster.list("ResourceClaimTemplate", ns)}
+                     for ns in namespaces}
+        claims = {ns: {c["metadata"]["name"]: c for c in self.cluster.list("ResourceClaim", ns)} for ns in namespaces}
+        for pod in gated:
+            namespace = str(pod["metadata"].get("namespace"))
+            try:
+                charges = pod_claim_charges(pod, templates[namespace], claims[namespace], classes, self.table)
+            except ClaimSourceMissing as exc:
+                self._condition(pod, "ClaimSourceNotFound", str(exc))
+                result.waiting += 1
+                continue
+            except ConfigError as exc:
+                self._condition(pod, "ClaimNotCharged", str(exc))
+                result.waiting += 1
+                continue
+            held = True
+            for charge in charges:
+                if not charge.bytes:
+                    continue
+                wanted = holder_pod(pod, charge)
+                name = wanted["metadata"]["name"]
+                existing = by_name.get((namespace, name))
+                if existing is not None and _held(existing, wanted):
+                    continue
+                outcome = self._create(pod, wanted)
+                if outcome is None:
+                    result.charged += 1
+                    continue
+                self._condition(pod, *outcome)
+                held = False
+                break
+            if not held:
+                result.waiting += 1
+            elif self._lift(pod):
+                result.lifted += 1
+        return result
+
+    def _create(self, pod: Mapping[str, Any], wanted: dict[str, Any]) -> tuple[str, str] | None:
+        """Create the holder; None when it is held now, else (reason, message) why the pod must wait."""
+        meta = wanted["metadata"]
+        try:
+            self.cluster.create(wanted)
+            return None
+        except Conflict as exc:
+            if exc.reason != "AlreadyExists":
+                raise
+            try:   # created by an earlier pass (or a crashed leader): held, if it is a holder of this charge
+                existing = self.api.get("Pod", meta["name"], meta["namespace"])
+            except NotFound:
+                return "GPUMemoryChargePending", f"charge holder {meta['name']} is being deleted; retried"
+            if _held(existing, wanted):
+                return None
+            return ("GPUMemoryChargeBlocked", f"pod {meta['namespace']}/{meta['name']} holds the name of this pod's "
+                    "charge holder and is none; delete it")
+        except ApiError as exc:
+            if exc.code == 403 and "exceeded quota" in str(exc):
+                return EXCEEDED, f"{meta['annotations']['kubegpu.io/charges']}: {exc}"
+            if exc.code in (403, 422):   # refused otherwise (a LimitRange, a policy): say so on the pod, retry
+                return "GPUMemoryChargeRefused", f"charge holder {meta['name']}: {exc}"
+            raise
+
+    def _lift(self, pod: Mapping[str, Any]) -> bool:
+        """Remove our gate under a resourceVersion precondition (a fresh read and a retry on 409), and mark the pod
+        charged where it said otherwise."""
+        meta = pod["metadata"]
+
+        def without_gate(current: Mapping[str, Any]) -> dict[str, Any] | None:
+            gates = (current.get("spec") or {}).get("schedulingGates") or []
+            remaining = [g for g in gates if g.get("name") != CLAIM_GATE]
+            return None if len(remaining) == len(gates) else {"spec": {"schedulingGates": remaining or None}}
+
+        try:
+            patch = without_gate(pod)
+            if patch is None:
+                return False
+            try:
+                self.cluster.patch("Pod", meta["name"], {**patch, "metadata": {
+                    "resourceVersion": meta.get("resourceVersion")}}, namespace=meta.get("namespace"))
+            except Conflict:   # changed since the cache's copy (the scheduler's SchedulingGated status): afresh
+                update_with_retry(self.api, "Pod", meta["name"], without_gate, namespace=meta.get("namespace"))
+        except NotFound:
+            return False
+        if any(c.get("type") == CONDITION and c.get("status") == "False"
+               for c in (pod.get("status") or {}).get("conditions") or ()):
+            self._write_condition(pod, "True", "Charged", "every ResourceClaim's GPU memory is charged")
+        return True
+
+    def _condition(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """Say on the pod why it waits (a condition and, when that changes, an Event)."""
+        current = next((c for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") == CONDITION),
+                       None)
+        if current and current.get("reason") == reason and current.get("message") == message:
+            return
+        self._write_condition(pod, "False", reason, message)
+        record_event(self.cluster, {**pod, "kind": "Pod"}, reason, message, component=self.component)
+        log.info("quota: pod %s/%s waits: %s", pod["metadata"].get("namespace"), pod["metadata"].get("name"),
+                 message)
+
+    def _write_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        clock: Clock = getattr(self.cluster, "clock", None) or RealClock()
+        stamp = format_timestamp(clock.now())
+        entry = {"type": CONDITION, "status": status, "reason": reason, "message": message[:1000],
+                 "lastTransitionTime": stamp}
+
+        def with_condition(current: dict[str, Any]) -> dict[str, Any] | None:
+            conditions = list((current.get("status") or {}).get("conditions") or [])
+            kept = [c for c in conditions if c.get("type") != CONDITION]
+            return {"status": {"conditions": [*kept, entry]}}
+
+        try:
+            update_with_retry(self.api, "Pod", meta["name"], with_condition, namespace=meta.get("namespace"),
+                              subresource="status")
+        except NotFound:
+            return
+
