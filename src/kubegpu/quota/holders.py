@@ -152,9 +152,10 @@ class ClaimCharger:
                 existing = by_name.get((namespace, name))
                 if existing is not None and _held(existing, wanted):
                     continue
-                outcome = self._create(pod, wanted)
-                if outcome is None:
-                    result.charged += 1
+                outcome = self._create(wanted)
+                if not isinstance(outcome, tuple):
+                    result.charged += int(outcome)
+                    by_name[(namespace, name)] = wanted   # a claim shared by pods later in this pass: held
                     continue
                 self._condition(pod, *outcome)
                 held = False
@@ -165,29 +166,40 @@ class ClaimCharger:
                 result.lifted += 1
         return result
 
-    def _create(self, pod: Mapping[str, Any], wanted: dict[str, Any]) -> tuple[str, str] | None:
-        """Create the holder; None when it is held now, else (reason, message) why the pod must wait."""
+    def _create(self, wanted: dict[str, Any]) -> bool | tuple[str, str]:
+        """Create the holder: True when created, False when it was there already (an earlier pass, a crashed
+        leader), else (reason, message) why the pod must wait."""
         meta = wanted["metadata"]
         try:
             self.cluster.create(wanted)
-            return None
+            return True
         except Conflict as exc:
             if exc.reason != "AlreadyExists":
                 raise
-            try:   # created by an earlier pass (or a crashed leader): held, if it is a holder of this charge
-                existing = self.api.get("Pod", meta["name"], meta["namespace"])
-            except NotFound:
-                return "GPUMemoryChargePending", f"charge holder {meta['name']} is being deleted; retried"
-            if _held(existing, wanted):
-                return None
-            return ("GPUMemoryChargeBlocked", f"pod {meta['namespace']}/{meta['name']} holds the name of this pod's "
-                    "charge holder and is none; delete it")
+            return self._existing(wanted)
         except ApiError as exc:
             if exc.code == 403 and "exceeded quota" in str(exc):
+                # admission runs before storage: a holder created by an earlier pass (or a crashed leader) is
+                # refused by a full quota before the create could meet it as AlreadyExists
+                if self._existing(wanted) is False:
+                    return False
                 return EXCEEDED, f"{meta['annotations']['kubegpu.io/charges']}: {exc}"
             if exc.code in (403, 422):   # refused otherwise (a LimitRange, a policy): say so on the pod, retry
                 return "GPUMemoryChargeRefused", f"charge holder {meta['name']}: {exc}"
             raise
+
+    def _existing(self, wanted: Mapping[str, Any]) -> bool | tuple[str, str]:
+        """False when the API server has a holder of this charge under the wanted name (read fresh, not from the
+        cache), else why the pod waits."""
+        meta = wanted["metadata"]
+        try:
+            existing = self.api.get("Pod", meta["name"], meta["namespace"])
+        except NotFound:
+            return "GPUMemoryChargePending", f"charge holder {meta['name']} is not there yet; retried"
+        if _held(existing, wanted):
+            return False
+        return ("GPUMemoryChargeBlocked", f"pod {meta['namespace']}/{meta['name']} holds the name of this pod's charge "
+                "holder and is none; delete it")
 
     def _lift(self, pod: Mapping[str, Any]) -> bool:
         """Remove our gate under a resourceVersion precondition (a fresh read and a retry on 409), and mark the pod
