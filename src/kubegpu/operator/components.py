@@ -185,9 +185,13 @@ OPERANDS: tuple[Operand, ...] = (
             host_paths=(_POD_RESOURCES, _STATE, HostPath("host-proc", "/proc", "/host/proc"), _VALIDATIONS)),
     # the admission policies and their table come with it (render.quota_objects); the CRD with the operator's
     Operand("quota", "quota", "state-quota", kind="Deployment", command=("kubegpu", "quota", "controller"),
-            args=("--lease-duration=15", "--interval=2"),
-            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "patch"]),
-                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list"]),
+            args=("--lease-duration=15", "--interval=2", "--metrics-address=:8084"), port=8084,
+            # pods create, pods/status, DRA reads: ResourceClaims' charge holders (docs/quotas.md)
+            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "patch"]),
+                           rule([""], ["pods/status"], ["patch"]),
+                           rule(["resource.k8s.io"], ["deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+                                ["list", "watch"]),
+                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas/status"], ["patch"]), EVENTS),
             namespace_rules=(_LEASES,)),

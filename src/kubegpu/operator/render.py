@@ -429,12 +429,13 @@ def state_objects(policy: ClusterPolicy, state: str, namespace: str,
 def quota_objects(policy: ClusterPolicy, namespace: str, state: str,
                   gpu_nodes: Sequence[Mapping[str, str]] = ()) -> list[dict[str, Any]]:
     """The charge table (from `spec.quota`) and the admission policies of deploy/kubernetes/quota, in this namespace."""
-    from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
+    from kubegpu.quota.policy import charge_policies, claim_gate_policies, gate_policies, table_configmap
     from kubegpu.sharing.charges import ChargeTable
 
     spec = policy.spec.quota
     table = ChargeTable.for_cluster(spec.gpuModels, gpu_nodes, dict(spec.replicas))  # gpu_nodes: their labels
-    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
+    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies(),
+               *claim_gate_policies(namespace)]
     for obj in objects:
         obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
     return objects

@@ -17,13 +17,13 @@ def controller_objects(namespace: str = NAMESPACE, image: str = IMAGE, replicas:
     rules = [
         # pods: lift gates; create the charge holders of ResourceClaims (docs/quotas.md); pods/status: why one waits
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "patch", "update"]},
-        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["kubegpu.io"], "resources": ["elasticquotas"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
-         "verbs": ["get", "list", "watch"]},
+         "verbs": ["list", "watch"]},
         {"apiGroups": ["kubegpu.io"], "resources": ["elasticquotas/status"], "verbs": ["get", "patch", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     ]
