@@ -176,3 +176,35 @@ def _missing(admin: Any, name: str, namespace: str) -> bool:
     except NotFound:
         return True
     return False
+
+
+def test_the_controller_serves_metrics_and_readiness_from_its_informers(real_cluster: RealCluster,
+                                                                        claim_policies: None) -> None:
+    """`kubegpu quota controller --metrics-address`: /readyz answers 200 once its informers are synced (the
+    manifest's readinessProbe), /metrics reports kubegpu_informer_synced for each kind it watches."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "kubegpu", "quota", "controller", "--namespace=kubegpu",
+                                f"--metrics-address=127.0.0.1:{port}"], env={**os.environ, **real_cluster.env()},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                    return answer.status, answer.read().decode()
+            except (urllib.error.URLError, ConnectionError):
+                return 0, ""
+
+        wait_for(lambda: get("/readyz")[0] == 200, "the quota controller ready", SLOW)
+        text = get("/metrics")[1]
+        for kind in ("Pod", "Node", "ElasticQuota", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass"):
+            assert f'kubegpu_informer_synced{{component="quota",kind="{kind}"}} 1.0' in text, text
+    finally:
+        process.terminate()
+        process.wait(timeout=SLOW)

@@ -105,3 +105,14 @@ def test_shipped_manifests_are_fresh() -> None:
         assert (REPO_DIR / name).read_text() == render_file(objects), \
             "deploy/kubernetes/quota is stale: run `kubegpu quota manifests -o deploy/kubernetes/quota`"
     assert sorted(p.name for p in REPO_DIR.glob("*.yaml")) == sorted(manifest_files())
+
+
+def test_the_shipped_controller_serves_metrics_with_a_readiness_probe() -> None:
+    """The Deployment runs `--metrics-address` (a flag the command has) and probes /readyz on it: a controller whose
+    informers are stale is taken out of readiness, as the other controllers are."""
+    [deployment] = [o for o in manifest_files()["50-quota-controller.yaml"] if o["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-address=:8084" in container["args"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8084}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "--metrics-address" in CliRunner().invoke(app, ["quota", "controller", "--help"]).output
