@@ -82,7 +82,7 @@ def test_charged_pods_go_through_an_over_quota_one_waits_until_the_charge_frees(
         result = controller.tick(1000.0).claims
         assert result is not None and (result.charged, result.lifted, result.waiting) == (2, 2, 1)
         gates = {p["metadata"]["name"]: p["spec"].get("schedulingGates") for p in cluster.list("Pod", "ns")
-                 if not p["metadata"]["name"].startswith("gpu-memory-")}
+                 if not p["metadata"]["name"].startswith("kubegpu-charge-")}
         assert gates == {"p0": [{"name": "other"}], "p1": [{"name": "other"}],   # only our gate goes
                          "p2": [{"name": "kubegpu.io/gpu-memory"}, {"name": "other"}]}
         holders = _holders(cluster)

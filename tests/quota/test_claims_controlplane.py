@@ -52,14 +52,16 @@ def _pod(namespace: str, name: str) -> dict[str, Any]:
 
 
 def _as(real: RealCluster, user: str, method: str, path: str, body: object = None) -> tuple[int, str]:
-    """A request to the API server made as `user` (the admin impersonating it): (status, body)."""
+    """A request to the API server made as `user` (the admin impersonating it): (status, body). A body is a JSON
+    patch, or an object for a POST."""
     pki = real.plane.directory / "pki"
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
     request = urllib.request.Request(real.server + path, method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Impersonate-User": user, "Impersonate-Group": "system:serviceaccounts",
-                                              "Content-Type": "application/json-patch+json"})
+                                              "Content-Type": "application/json" if method == "POST"
+                                              else "application/json-patch+json"})
     try:
         with urllib.request.urlopen(request, context=context, timeout=10) as answer:
             return answer.status, answer.read().decode()
@@ -88,7 +90,8 @@ def test_claims_charged_through_resource_quota_gate_held_until_charged(real_clus
         create(_codec({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                       "metadata": {"name": "pods", "namespace": namespace},
                       "rules": [{"apiGroups": [""], "resources": ["pods"],
-                                 "verbs": ["get", "list", "patch", "update", "delete"]}]}))
+                                 "verbs": ["get", "list", "patch", "update", "delete"]},
+                                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]}))
         create(_codec({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                       "metadata": {"name": "pods", "namespace": namespace},
                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
@@ -130,6 +133,10 @@ def test_claims_charged_through_resource_quota_gate_held_until_charged(real_clus
         assert status == 403 and "only the quota controller" in text, text
         holder = holders[0]["metadata"]["name"]
         status, text = _as(real_cluster, user, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{holder}")
+        assert status == 403 and "holds a GPU-memory charge" in text, text
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": holder, "namespace": namespace}}
+        status, text = _as(real_cluster, user, "POST", f"/api/v1/namespaces/{namespace}/pods/{holder}/eviction",
+                           eviction)   # an eviction deletes the pod without a pod DELETE admission
         assert status == 403 and "holds a GPU-memory charge" in text, text
         assert has_claim_gate(admin.get("Pod", blocked, namespace))
 

@@ -53,6 +53,8 @@ CLAIM_GATE = "kubegpu.io/gpu-memory"
 """The scheduling gate a pod with ResourceClaims waits behind until its claims are charged (`quota.holders`)."""
 HOLDER_LABEL = "kubegpu.io/gpu-memory-charge"
 """Marks a charge holder: a pod that only carries a claim's charge (value: the claim pod's or claim's name)."""
+HOLDER_PREFIX = "kubegpu-charge-"
+"""Every holder's name starts so: an eviction names only the pod, so the guard against evicting holders goes by it."""
 TYPE_ATTRIBUTE = f"{DRIVER}/type"
 PROFILE_ATTRIBUTE = f"{DRIVER}/profile"
 MEMORY_CAPACITY = f"{DRIVER}/memory"
@@ -250,8 +252,8 @@ def holder_name(pod: Mapping[str, Any], charge: ClaimCharge) -> str:
     else:
         base, key = str(meta.get("name") or ""), f"pod/{meta.get('uid') or meta.get('name')}/{charge.entry}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return f"gpu-memory-{base[:40].rstrip('-.')}-{digest}"
+    return f"{HOLDER_PREFIX}{base[:40].rstrip('-.')}-{digest}"
 
 
-__all__ = ["CLAIM_GATE", "HOLDER_LABEL", "ClaimCharge", "ClaimSourceMissing", "claim_charge", "claim_shapes",
-           "holder_name", "model_devices", "parse_classes", "pod_claim_charges"]
+__all__ = ["CLAIM_GATE", "HOLDER_LABEL", "HOLDER_PREFIX", "ClaimCharge", "ClaimSourceMissing", "claim_charge",
+           "claim_shapes", "holder_name", "model_devices", "parse_classes", "pod_claim_charges"]

@@ -30,8 +30,9 @@ the table. So there is no webhook at all.
   no way past a charge or a quota wait;
 * `kubegpu-charge-holders` (ValidatingAdmissionPolicy, no parameter): only the quota controller creates or changes a
   pod labelled `kubegpu.io/gpu-memory-charge`; besides it only the garbage collector and namespace controller
-  (kube-system's identities) and `system:masters` delete one: a user cannot give a charge back while its claim holds
-  the GPUs.
+  (kube-system's identities) and `system:masters` delete or evict one (an eviction deletes without a pod DELETE
+  admission, so evictions of pods named `kubegpu-charge-*` are checked too): a user cannot give a charge back while
+  its claim holds the GPUs.
 
 The CEL is kept here, once, and rendered into every shipped copy; a test checks the copies are fresh and the real
 API server test checks that the CEL and `kubegpu.sharing.charges` agree on every resource kind.
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubegpu.quota.claims import CLAIM_GATE, HOLDER_LABEL
+from kubegpu.quota.claims import CLAIM_GATE, HOLDER_LABEL, HOLDER_PREFIX
 from kubegpu.scheduling.pods import QUOTA_GATE
 from kubegpu.sharing.charges import (
     GIB,
@@ -319,13 +320,17 @@ def claim_gate_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     lifted_message = (f"'pod ' + request.namespace + '/' + object.metadata.name + ': only the quota controller ("
                       f"{controller_user(namespace)}) removes the scheduling gates ' + "
                       f"{gates}.filter(n, oldObject.spec.schedulingGates.exists(g, g.name == n)).join(', ')")
-    holder = ("(request.operation == 'CREATE' ? object : oldObject)")
-    marked = f"has({holder}.metadata.labels) && '{HOLDER_LABEL}' in {holder}.metadata.labels"
+    holder = "(request.operation == 'CREATE' ? object : oldObject)"
+    # an eviction's object is the Eviction, whose name is the pod's: holders are told by their name's prefix there
+    eviction = "(has(request.subResource) && request.subResource == 'eviction')"
+    marked = (f"{eviction} ? request.name.startsWith('{HOLDER_PREFIX}') "
+              f": (has({holder}.metadata.labels) && '{HOLDER_LABEL}' in {holder}.metadata.labels)")
     holder_rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                       "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["pods"]}]}
-    holder_check = (f"request.operation == 'DELETE' ? ({_requester_is(namespace, collectors=True)}) "
-                    f": ({_requester_is(namespace, collectors=False)})")
-    holder_message = (f"'pod ' + request.namespace + '/' + {holder}.metadata.name + ' holds a GPU-memory charge: "
+                                       "operations": ["CREATE", "UPDATE", "DELETE"],
+                                       "resources": ["pods", "pods/eviction"]}]}
+    holder_check = (f"request.operation == 'DELETE' || {eviction} "
+                    f"? ({_requester_is(namespace, collectors=True)}) : ({_requester_is(namespace, collectors=False)})")
+    holder_message = (f"'pod ' + request.namespace + '/' + request.name + ' holds a GPU-memory charge: "
                       f"only the quota controller ({controller_user(namespace)}) creates or changes it, and it goes "
                       f"with what it charges'")
     update_rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
