@@ -171,3 +171,22 @@ def test_a_pod_squatting_on_a_holders_name_is_not_taken_for_a_charge() -> None:
         assert _condition(cluster.get("Pod", "p0", "ns"))["reason"] == "GPUMemoryChargeBlocked"
     finally:
         controller.close()
+
+
+def test_a_finished_pod_gives_its_charge_back_and_the_next_goes_through() -> None:
+    """A Succeeded pod holds no device any more (its generated claim is deallocated): its holder is evicted in the
+    next pass and the charge goes to the pod that waited for it."""
+    cluster = _cluster(limit_gib=40)
+    _pod(cluster, "p0")
+    _pod(cluster, "p1")
+    controller = QuotaController(cluster, leader_elect=False)
+    try:
+        assert controller.tick(1000.0).claims.lifted == 1  # type: ignore[union-attr]
+        [first] = [n for n in ("p0", "p1") if not has_claim_gate(cluster.get("Pod", n, "ns"))]
+        cluster.patch("Pod", first, {"status": {"phase": "Succeeded"}}, namespace="ns", subresource="status")
+        result = controller.tick(1001.0).claims
+        assert result is not None and (result.released, result.lifted) == (1, 1)
+        [holder] = _holders(cluster)
+        assert holder["metadata"]["ownerReferences"][0]["name"] != first
+    finally:
+        controller.close()

@@ -5,7 +5,8 @@ A pod with `spec.resourceClaims` starts behind the scheduling gate `kubegpu.io/g
 (`kubegpu.quota.claims`) and creates a **charge holder** per charged claim: a pod in the same namespace that requests
 (and limits) exactly that `kubegpu.io/gpu-memory`, stays behind the same gate forever (never scheduled, never runs),
 and is owned by what it charges — the claim pod for a claim from a template, the ResourceClaim itself for a named one
-(a shared claim is charged once, however many pods use it) — so the garbage collector gives the charge back with it.
+(a shared claim is charged once, however many pods use it) — so the garbage collector gives the charge back with it;
+a claim pod that finishes gives its charge back at once (the controller evicts its holders).
 
 Creating the holder goes through the ResourceQuota admission plugin, which checks and updates `used` with its own
 compare-and-swap: no race with any other pod, no cache of ours to be stale. Refused for exceeding a quota, the claim
@@ -29,6 +30,7 @@ from kubegpu.errors import ConfigError
 from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.cluster import format_timestamp
 from kubegpu.kube.errors import ApiError, Conflict, NotFound
+from kubegpu.kube.eviction import evict_pod
 from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.kube.retry import update_with_retry
 from kubegpu.quota.claims import (
@@ -107,6 +109,7 @@ class ClaimPass:
     charged: int = 0   # holders created
     lifted: int = 0
     waiting: int = 0   # still gated (quota, a missing template, ...)
+    released: int = 0  # holders of finished pods given back
 
 
 @dataclass
@@ -120,7 +123,7 @@ class ClaimCharger:
     component: str = "kubegpu-quota"
 
     def tick(self, pods: list[dict[str, Any]]) -> ClaimPass:
-        result = ClaimPass()
+        result = ClaimPass(released=self._release(pods))
         gated = [p for p in pods if has_claim_gate(p) and not is_holder(p) and not is_finished(p)
                  and not (p.get("metadata") or {}).get("deletionTimestamp")]
         if not gated:
@@ -165,6 +168,25 @@ class ClaimCharger:
             elif self._lift(pod):
                 result.lifted += 1
         return result
+
+    def _release(self, pods: list[dict[str, Any]]) -> int:
+        """Give back the charges of finished pods' template claims: a Succeeded or Failed pod holds no device (its
+        generated claim is deallocated), as the ResourceQuota plugin stops counting its own requests. Through the
+        Eviction API, like every pod kubegpu removes (no budget selects a holder)."""
+        finished = {(p["metadata"].get("namespace"), p["metadata"].get("uid")) for p in pods
+                    if is_finished(p) and not is_holder(p)}
+        released = 0
+        for holder in pods:
+            meta = holder.get("metadata") or {}
+            if not is_holder(holder) or meta.get("deletionTimestamp"):
+                continue
+            owner = next(iter(meta.get("ownerReferences") or ()), {})
+            if owner.get("kind") == "Pod" and (meta.get("namespace"), owner.get("uid")) in finished:
+                try:
+                    released += evict_pod(self.api, str(meta.get("namespace")), str(meta.get("name")))
+                except NotFound:
+                    continue
+        return released
 
     def _create(self, wanted: dict[str, Any]) -> bool | tuple[str, str]:
         """Create the holder: True when created, False when it was there already (an earlier pass, a crashed
