@@ -180,7 +180,7 @@ class ClaimCharger:
             meta = holder.get("metadata") or {}
             if not is_holder(holder) or meta.get("deletionTimestamp"):
                 continue
-            owner = next(iter(meta.get("ownerReferences") or ()), {})
+            owner: Mapping[str, Any] = next(iter(meta.get("ownerReferences") or ()), {})
             if owner.get("kind") == "Pod" and (meta.get("namespace"), owner.get("uid")) in finished:
                 try:
                     released += evict_pod(self.api, str(meta.get("namespace")), str(meta.get("name")))
