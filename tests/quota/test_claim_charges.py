@@ -11,7 +11,7 @@ import pytest
 from kubegpu.dra.classes import shipped_class_objects
 from kubegpu.errors import ConfigError
 from kubegpu.quota.claims import ClaimSourceMissing, holder_name, parse_classes, pod_claim_charges
-from kubegpu.sharing.charges import shipped_table
+from kubegpu.sharing.charges import ChargeTable, shipped_table, table_data, table_from_data
 
 GIB = 1 << 30
 CLASSES = parse_classes(shipped_class_objects())
@@ -117,3 +117,14 @@ def test_missing_or_bad_claims_are_one_line_naming_them() -> None:
         {"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "Some"}}]}}}}
     with pytest.raises(ConfigError, match="allocationMode"):
         pod_claim_charges(_pod(), {"t": bad}, {}, CLASSES)
+
+
+def test_the_table_reads_back_from_its_configmap_data() -> None:
+    """The controller charges claims by the table the admission policy reads, so it reads it back exactly."""
+    for table in (shipped_table(), ChargeTable.for_models(["A100-SXM4-80GB", "L4"], {"nvidia.com/gpu.shared": 2})):
+        again = table_from_data(table_data(table))
+        assert again.shapes == table.shapes and dict(again.replicas) == dict(table.replicas)
+    data = dict(table_data(shipped_table()))
+    del data["shape.3.bytes"]
+    with pytest.raises(ConfigError, match="ConfigMap kubegpu/t: data: missing key shape.3.bytes"):
+        table_from_data(data, "ConfigMap kubegpu/t")

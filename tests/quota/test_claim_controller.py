@@ -17,7 +17,9 @@ from kubegpu.kube.errors import ApiError
 from kubegpu.quota.claims import HOLDER_LABEL, parse_classes, pod_claim_charges
 from kubegpu.quota.controller import QuotaController
 from kubegpu.quota.holders import CONDITION, EXCEEDED, has_claim_gate, holder_pod
+from kubegpu.quota.policy import table_configmap
 from kubegpu.scheduling import parse_quantity
+from kubegpu.sharing.charges import ChargeTable
 
 MEM = "kubegpu.io/gpu-memory"
 GIB = 1 << 30
@@ -188,5 +190,25 @@ def test_a_finished_pod_gives_its_charge_back_and_the_next_goes_through() -> Non
         assert result is not None and (result.released, result.lifted) == (1, 1)
         [holder] = _holders(cluster)
         assert holder["metadata"]["ownerReferences"][0]["name"] != first
+    finally:
+        controller.close()
+
+
+def test_claims_pay_by_the_clusters_table_as_whole_gpus_do() -> None:
+    """The controller reads the admission policy's table ConfigMap (the operator keeps it to the cluster's GPUs): on
+    a cluster of A100-80GB a whole-GPU claim pays 80Gi, as `nvidia.com/gpu: 1` does there, not the catalogue's
+    largest."""
+    cluster = _cluster(limit_gib=200)
+    cluster.create(table_configmap(ChargeTable.for_models(["A100-SXM4-80GB"])))
+    cluster.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "gpu", "namespace": "ns"},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                        "deviceClassName": "gpu.nvidia.com"}}]}}}})
+    _pod(cluster, "p0", {"name": "g", "resourceClaimTemplateName": "gpu"})
+    controller = QuotaController(cluster, leader_elect=False, lease_namespace="kubegpu")
+    try:
+        assert controller.tick(1000.0).claims.lifted == 1  # type: ignore[union-attr]
+        [holder] = _holders(cluster)
+        assert holder["spec"]["containers"][0]["resources"]["requests"][MEM] == "80Gi"
     finally:
         controller.close()

@@ -194,7 +194,7 @@ OPERANDS: tuple[Operand, ...] = (
                            rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas/status"], ["patch"]), EVENTS),
-            namespace_rules=(_LEASES,)),
+            namespace_rules=(_LEASES, rule([""], ["configmaps"], ["get"]))),
 )
 
 # The validator's init containers, in order (GPU Operator's nvidia-validator components).

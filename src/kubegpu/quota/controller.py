@@ -100,7 +100,7 @@ class QuotaController:
     lease_namespace: str = "kubegpu"
     lease_duration: float = 15.0
     workers: int = 8
-    table: ChargeTable | None = None   # what claims are charged against (default: the shipped table)
+    table: ChargeTable | None = None   # what claims are charged against (default: the table ConfigMap's)
     elector: LeaderElector | None = field(default=None, init=False)
     api: Cluster = field(init=False)   # the API server itself: the Lease, and fresh reads after a 409
     _bad: set[str] = field(default_factory=set, init=False)
@@ -113,7 +113,7 @@ class QuotaController:
             self.api = self.cluster
             # the controller never modifies what it reads (it builds patches), so the cache hands out its objects
             self.cluster = InformedCluster(self.cluster, INFORMED_KINDS, copy=False)
-        self.charger = ClaimCharger(self.cluster, self.api, self.table, COMPONENT)
+        self.charger = ClaimCharger(self.cluster, self.api, self.table, COMPONENT, self.lease_namespace)
         if self.leader_elect:
             self.elector = LeaderElector(self.api, self.identity, LEASE_NAME, self.lease_namespace,
                                          lease_duration=self.lease_duration)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubegpu.quota.policy import LABELS, NAMESPACE, SERVICE_ACCOUNT
+from kubegpu.quota.policy import LABELS, NAMESPACE, SERVICE_ACCOUNT, TABLE_NAME
 
 NAME = SERVICE_ACCOUNT
 METRICS_PORT = 8084
@@ -25,6 +25,8 @@ def controller_objects(namespace: str = NAMESPACE, image: str = IMAGE, replicas:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
          "verbs": ["list", "watch"]},
         {"apiGroups": ["kubegpu.io"], "resources": ["elasticquotas/status"], "verbs": ["get", "patch", "update"]},
+        # the charge table (claims pay as the admission policy charges whole GPUs)
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [TABLE_NAME], "verbs": ["get"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     ]
     container = {

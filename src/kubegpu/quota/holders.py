@@ -42,8 +42,9 @@ from kubegpu.quota.claims import (
     parse_classes,
     pod_claim_charges,
 )
+from kubegpu.quota.policy import NAMESPACE, TABLE_NAME
 from kubegpu.scheduling.pods import is_finished
-from kubegpu.sharing.charges import ChargeTable, quantity_of_bytes
+from kubegpu.sharing.charges import ChargeTable, quantity_of_bytes, shipped_table, table_from_data
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
 
 log = logging.getLogger("kubegpu.quota")
@@ -119,8 +120,9 @@ class ClaimCharger:
 
     cluster: Cluster
     api: Cluster
-    table: ChargeTable | None = None
+    table: ChargeTable | None = None   # None: the cluster's, the admission policy's table ConfigMap
     component: str = "kubegpu-quota"
+    namespace: str = NAMESPACE   # where the table ConfigMap lives
 
     def tick(self, pods: list[dict[str, Any]]) -> ClaimPass:
         result = ClaimPass(released=self._release(pods))
@@ -128,6 +130,7 @@ class ClaimCharger:
                  and not (p.get("metadata") or {}).get("deletionTimestamp")]
         if not gated:
             return result
+        table = self.table or self._cluster_table()
         by_name = {(p["metadata"].get("namespace"), p["metadata"].get("name")): p for p in pods}
         classes = parse_classes(self.cluster.list("DeviceClass"))
         namespaces = {str(p["metadata"].get("namespace")) for p in gated}
@@ -137,7 +140,7 @@ class ClaimCharger:
         for pod in gated:
             namespace = str(pod["metadata"].get("namespace"))
             try:
-                charges = pod_claim_charges(pod, templates[namespace], claims[namespace], classes, self.table)
+                charges = pod_claim_charges(pod, templates[namespace], claims[namespace], classes, table)
             except ClaimSourceMissing as exc:
                 self._condition(pod, "ClaimSourceNotFound", str(exc))
                 result.waiting += 1
@@ -168,6 +171,17 @@ class ClaimCharger:
             elif self._lift(pod):
                 result.lifted += 1
         return result
+
+    def _cluster_table(self) -> ChargeTable:
+        """The table the admission policy charges whole GPUs by (the operator keeps it to the cluster's GPUs and
+        NodePools), read when a claim pod waits: claims pay as `nvidia.com/gpu` does. Missing or unreadable: the
+        shipped table, the whole catalogue."""
+        try:
+            data = self.api.get("ConfigMap", TABLE_NAME, self.namespace).get("data") or {}
+            return table_from_data(data, f"ConfigMap {self.namespace}/{TABLE_NAME}")
+        except (NotFound, ConfigError) as exc:
+            log.warning("quota: charging claims against the shipped table: %s", exc)
+            return shipped_table()
 
     def _release(self, pods: list[dict[str, Any]]) -> int:
         """Give back the charges of finished pods' template claims: a Succeeded or Failed pod holds no device (its
