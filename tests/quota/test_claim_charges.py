@@ -126,5 +126,5 @@ def test_the_table_reads_back_from_its_configmap_data() -> None:
         assert again.shapes == table.shapes and dict(again.replicas) == dict(table.replicas)
     data = dict(table_data(shipped_table()))
     del data["shape.3.bytes"]
-    with pytest.raises(ConfigError, match="ConfigMap kubegpu/t: data: missing key shape.3.bytes"):
+    with pytest.raises(ConfigError, match=r"ConfigMap kubegpu/t: data: missing key shape\.3\.bytes"):
         table_from_data(data, "ConfigMap kubegpu/t")
