@@ -197,7 +197,8 @@ def test_the_controller_serves_metrics_and_readiness_from_its_informers(real_clu
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "kubegpu", "quota", "controller", "--namespace=kubegpu",
+    lease = real_cluster.create_namespace("quota-lease")   # its own Lease: no other test's controller waits on it
+    process = subprocess.Popen([sys.executable, "-m", "kubegpu", "quota", "controller", f"--namespace={lease}",
                                 f"--metrics-address=127.0.0.1:{port}"], env={**os.environ, **real_cluster.env()},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -215,3 +216,4 @@ def test_the_controller_serves_metrics_and_readiness_from_its_informers(real_clu
     finally:
         process.terminate()
         process.wait(timeout=SLOW)
+        real_cluster.delete_namespace(lease)
