@@ -109,6 +109,20 @@ def test_charged_pods_go_through_an_over_quota_one_waits_until_the_charge_frees(
         controller.close()
 
 
+def test_a_holder_takes_its_pods_priority_class_for_quotas_scoped_to_it() -> None:
+    cluster = _cluster()
+    pod = _pod(cluster, "p0")
+    cluster.patch("Pod", "p0", {"spec": {"priorityClassName": "high"}}, namespace="ns")
+    controller = QuotaController(cluster, leader_elect=False)
+    try:
+        assert controller.tick(1000.0).claims.lifted == 1  # type: ignore[union-attr]
+        [holder] = _holders(cluster)
+        assert holder["spec"]["priorityClassName"] == "high" and pod["metadata"]["uid"] in {
+            o["uid"] for o in holder["metadata"]["ownerReferences"]}
+    finally:
+        controller.close()
+
+
 def test_a_crash_after_the_holder_is_created_converges_without_a_second_charge() -> None:
     cluster = _cluster()
     _pod(cluster, "p0")

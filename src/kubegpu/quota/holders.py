@@ -69,7 +69,7 @@ def is_holder(pod: Mapping[str, Any]) -> bool:
 
 def holder_pod(pod: Mapping[str, Any], charge: ClaimCharge) -> dict[str, Any]:
     """The holder of one claim's charge (module doc): requests = limits = the charge, gated for good, owned by the
-    claim pod (template claim) or the named ResourceClaim."""
+    claim pod (template claim, whose PriorityClass it takes) or the named ResourceClaim."""
     meta = pod.get("metadata") or {}
     if charge.shared:
         owner = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": charge.source,
@@ -77,6 +77,14 @@ def holder_pod(pod: Mapping[str, Any], charge: ClaimCharge) -> dict[str, Any]:
     else:
         owner = {"apiVersion": "v1", "kind": "Pod", "name": str(meta.get("name")), "uid": str(meta.get("uid"))}
     amount = quantity_of_bytes(charge.bytes)
+    spec: dict[str, Any] = {
+        "schedulingGates": [{"name": CLAIM_GATE}], "automountServiceAccountToken": False, "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "charge", "image": HOLDER_IMAGE, "resources": {
+            "requests": {GPU_MEMORY_RESOURCE: amount}, "limits": {GPU_MEMORY_RESOURCE: amount}}}]}
+    priority = (pod.get("spec") or {}).get("priorityClassName")
+    if priority and not charge.shared:   # a quota scoped to the pod's PriorityClass counts its claim's charge too
+        spec["priorityClassName"] = priority
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": holder_name(pod, charge), "namespace": meta.get("namespace"),
@@ -85,10 +93,7 @@ def holder_pod(pod: Mapping[str, Any], charge: ClaimCharge) -> dict[str, Any]:
                      "annotations": {"kubegpu.io/charges": f"{charge.kind}/{charge.source} (claim {charge.entry} "
                                                            f"of pod {meta.get('name')})"},
                      "ownerReferences": [owner]},
-        "spec": {"schedulingGates": [{"name": CLAIM_GATE}], "automountServiceAccountToken": False,
-                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "charge", "image": HOLDER_IMAGE, "resources": {
-                     "requests": {GPU_MEMORY_RESOURCE: amount}, "limits": {GPU_MEMORY_RESOURCE: amount}}}]},
+        "spec": spec,
     }
 
 
