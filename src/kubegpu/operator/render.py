@@ -242,6 +242,8 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
         container["resources"] = resources
     if op.port:
         container["ports"] = [{"name": "metrics", "containerPort": op.port}]
+        if op.ready_path:
+            container["readinessProbe"] = {"httpGet": {"path": op.ready_path, "port": "metrics"}, "periodSeconds": 10}
     if op.component == "operator-validator":
         container["lifecycle"] = {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}}
     mounts = [{"name": h.name, "mountPath": h.mount_path, **({"mountPropagation": h.propagation} if h.propagation
