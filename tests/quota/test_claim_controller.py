@@ -226,3 +226,24 @@ def test_claims_pay_by_the_clusters_table_as_whole_gpus_do() -> None:
         assert holder["spec"]["containers"][0]["resources"]["requests"][MEM] == "80Gi"
     finally:
         controller.close()
+
+
+def test_a_holder_for_less_than_the_charge_is_replaced_before_the_pod_goes() -> None:
+    """A holder made when the charge was smaller (the table grew since, a crash in between) is not taken for the
+    charge: it is evicted and made again at the charge before the gate is lifted."""
+    cluster = _cluster()
+    pod = _pod(cluster, "p0")
+    template = cluster.get("ResourceClaimTemplate", "mig-40", "ns")
+    [charge] = pod_claim_charges(pod, {"mig-40": template}, {}, parse_classes(shipped_class_objects()))
+    small = holder_pod(pod, charge)
+    small["spec"]["containers"][0]["resources"] = {"requests": {MEM: "10Gi"}, "limits": {MEM: "10Gi"}}
+    cluster.create(small)
+    controller = QuotaController(cluster, leader_elect=False)
+    try:
+        assert controller.tick(1000.0).claims.lifted == 0  # type: ignore[union-attr]
+        assert _condition(cluster.get("Pod", "p0", "ns"))["reason"] == "GPUMemoryChargePending"
+        assert controller.tick(1001.0).claims.lifted == 1  # type: ignore[union-attr]
+        [holder] = _holders(cluster)
+        assert holder["spec"]["containers"][0]["resources"]["requests"][MEM] == "40Gi"
+    finally:
+        controller.close()

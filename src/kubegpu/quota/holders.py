@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubegpu.clock import Clock, RealClock
-from kubegpu.errors import ConfigError
+from kubegpu.errors import ConfigError, KubegpuError
 from kubegpu.kube import Cluster, record_event
 from kubegpu.kube.cluster import format_timestamp
 from kubegpu.kube.errors import ApiError, Conflict, NotFound
@@ -43,6 +43,7 @@ from kubegpu.quota.claims import (
     pod_claim_charges,
 )
 from kubegpu.quota.policy import NAMESPACE, TABLE_NAME
+from kubegpu.scheduling import parse_quantity
 from kubegpu.scheduling.pods import is_finished
 from kubegpu.sharing.charges import ChargeTable, quantity_of_bytes, shipped_table, table_from_data
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE
@@ -97,15 +98,22 @@ def holder_pod(pod: Mapping[str, Any], charge: ClaimCharge) -> dict[str, Any]:
     }
 
 
+def _holding(pod: Mapping[str, Any]) -> float:
+    requests = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("resources", {}).get("requests", {})
+    try:
+        return parse_quantity(requests.get(GPU_MEMORY_RESOURCE, "0"))
+    except KubegpuError:
+        return 0.0
+
+
 def _held(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """`existing` (a pod of the holder's name) is a holder of at least the wanted charge, for the same owner."""
+    """`existing` (a pod of the holder's name) is a holder of at least the wanted charge, for the same owner (a
+    charge computed again from a table that shrank since is still held; one that grew is not)."""
     if not is_holder(existing):
         return False
     owners = {(o.get("kind"), o.get("uid")) for o in (existing.get("metadata") or {}).get("ownerReferences") or ()}
     want = wanted["metadata"]["ownerReferences"][0]
-    limits = ((existing.get("spec") or {}).get("containers") or [{}])[0].get("resources", {}).get("requests", {})
-    return (want["kind"], want["uid"]) in owners and limits.get(GPU_MEMORY_RESOURCE) == \
-        wanted["spec"]["containers"][0]["resources"]["requests"][GPU_MEMORY_RESOURCE]
+    return (want["kind"], want["uid"]) in owners and _holding(existing) >= _holding(wanted)
 
 
 @dataclass
@@ -239,6 +247,9 @@ class ClaimCharger:
             return "GPUMemoryChargePending", f"charge holder {meta['name']} is not there yet; retried"
         if _held(existing, wanted):
             return False
+        if is_holder(existing):   # ours, for less than the charge is now (the table grew): replaced next pass
+            evict_pod(self.api, meta["namespace"], meta["name"])
+            return "GPUMemoryChargePending", f"charge holder {meta['name']} holds less than the charge; replaced"
         return ("GPUMemoryChargeBlocked", f"pod {meta['namespace']}/{meta['name']} holds the name of this pod's charge "
                 "holder and is none; delete it")
 
