@@ -118,9 +118,9 @@ def test_everything_enabled_renders_valid_objects_with_labels_selectors_and_barr
     p, _ = load(DATA / "everything.yaml")
     objects = objects_of(p)
     mutating = sum(o["kind"].startswith("MutatingAdmissionPolicy") for o in objects)
-    assert mutating == 4  # the charge and the quota gate, each a policy and a binding
-    assert strict_validate(objects) == len(objects) - 1 - mutating  # all but the ServiceMonitor
-    assert any(o["kind"] == "ServiceMonitor" for o in objects)
+    assert mutating == 6  # the charge, the quota gate and the claim gate, each a policy and a binding
+    monitors = sum(o["kind"] == "ServiceMonitor" for o in objects)
+    assert monitors and strict_validate(objects) == len(objects) - monitors - mutating  # all but ServiceMonitors
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels[NAME_LABEL] == "kubegpu" and labels[COMPONENT_LABEL]

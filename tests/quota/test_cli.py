@@ -56,15 +56,34 @@ def test_explain_a_workloads_pod_template(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["gpuMemoryBytes"] == 20 * GIB
 
 
-def test_explain_says_what_it_does_not_charge(tmp_path: Path) -> None:
-    """Devices from ResourceClaims are outside the pod spec: explain says so on stderr, its JSON stays clean."""
+def test_explain_charges_resource_claims_as_the_controller_does(tmp_path: Path) -> None:
+    """A pod's ResourceClaims are charged (no longer only warned about): its template in the same file, a named
+    claim from another -f; a missing one is one line naming it."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra", "namespace": "ns"},
-           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-mig"},
+                                       {"name": "shared", "resourceClaimName": "team-gpu"}],
                     "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}]}}
-    result = CliRunner().invoke(app, ["quota", "explain", "-f", str(write(tmp_path, "pod.yaml", pod)), "-o", "json"])
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-mig", "namespace": "ns"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                    "deviceClassName": "mig.nvidia.com", "count": 2, "selectors": [
+                        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}]}}]}}}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "team-gpu"},
+             "spec": {"devices": {"requests": [{"name": "share", "exactly": {
+                 "deviceClassName": "fraction.gpu.kubegpu.io", "capacity": {"requests": {"compute": "250"}}}}]}}}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump_all([pod, template]))
+    result = CliRunner().invoke(app, ["quota", "explain", "-f", str(path), "-f",
+                                      str(write(tmp_path, "claim.yaml", claim)), "-o", "json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"pod": "ns/dra", "gpuMemoryBytes": 0, "lines": []}
-    assert "ResourceClaims (gpu), which the charge does not see" in result.stderr
+    data = json.loads(result.stdout)
+    # 2 x 3g.40gb; a quarter of the largest GPU (B200, 180Gi) for the shared named claim
+    assert [c["gpuMemoryBytes"] for c in data["claims"]] == [80 * GIB, 45 * GIB]
+    assert data["gpuMemoryBytes"] == 125 * GIB and "warning" not in result.stderr
+    missing = CliRunner().invoke(app, ["quota", "explain", "-f", str(write(tmp_path, "alone.yaml", pod))])
+    assert missing.exit_code == 1
+    assert missing.output.strip() == ("error: ns/dra: claim gpu: ResourceClaimTemplate ns/one-mig not found "
+                                      "(give it with -f)")
 
 
 def test_explain_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -86,3 +105,14 @@ def test_shipped_manifests_are_fresh() -> None:
         assert (REPO_DIR / name).read_text() == render_file(objects), \
             "deploy/kubernetes/quota is stale: run `kubegpu quota manifests -o deploy/kubernetes/quota`"
     assert sorted(p.name for p in REPO_DIR.glob("*.yaml")) == sorted(manifest_files())
+
+
+def test_the_shipped_controller_serves_metrics_with_a_readiness_probe() -> None:
+    """The Deployment runs `--metrics-address` (a flag the command has) and probes /readyz on it: a controller whose
+    informers are stale is taken out of readiness, as the other controllers are."""
+    [deployment] = [o for o in manifest_files()["50-quota-controller.yaml"] if o["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-address=:8084" in container["args"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8084}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "--metrics-address" in CliRunner().invoke(app, ["quota", "controller", "--help"]).output

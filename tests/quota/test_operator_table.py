@@ -93,3 +93,27 @@ def test_the_replicas_come_from_what_the_nodes_run() -> None:
     del api.nodes["plain"]
     run_pass(api, "p", NS, 5.0, "t5")
     assert table(api)["replicas.nvidia.com_gpu"] == "2"  # type: ignore[index]  # shared in place wherever it is
+
+
+def test_the_operator_renders_the_claim_gate_and_a_controller_it_can_probe() -> None:
+    """With quotas on, the operator renders what `deploy/kubernetes/quota/` ships for claims (the claim gate and its
+    guards, in its own namespace) and runs the controller with its metrics and a readiness probe on /readyz."""
+    from pathlib import Path
+
+    from kubegpu.operator.cli import load_policy
+    from kubegpu.operator.render import render
+    from kubegpu.quota.policy import CLAIM_GATE_POLICY, GATE_GUARD, HOLDER_GUARD, controller_user
+
+    policy, _ = load_policy(Path(__file__).parents[1] / "operator" / "data" / "everything.yaml")
+    objects = [obj for _, objs in render(policy, "gpu-operator") for obj in objs]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("MutatingAdmissionPolicy", CLAIM_GATE_POLICY), ("ValidatingAdmissionPolicy", GATE_GUARD),
+            ("ValidatingAdmissionPolicy", HOLDER_GUARD)} <= names
+    guard = next(o for o in objects if o["metadata"]["name"] == GATE_GUARD and o["kind"] == "ValidatingAdmissionPolicy")
+    assert controller_user("gpu-operator") in guard["spec"]["validations"][0]["expression"]
+    [deployment] = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "kubegpu-quota"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert controller_user("gpu-operator").endswith(":" + pod["serviceAccountName"])  # the account the guards admit
+    [container] = pod["containers"]
+    assert "--metrics-address=:8084" in container["args"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}

@@ -70,6 +70,7 @@ class Operand:
     host_pid: bool = False
     capabilities: tuple[str, ...] = ()
     port: int | None = None
+    ready_path: str | None = None  # served on `port`: the readinessProbe (a controller's /readyz: 503 while stale)
     mig_only: bool = False  # deploy label only on MIG-capable nodes
     app: str | None = None  # the GPU Operator's pod `app` label: the MIG manager waits for these pods to stop
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
@@ -185,12 +186,16 @@ OPERANDS: tuple[Operand, ...] = (
             host_paths=(_POD_RESOURCES, _STATE, HostPath("host-proc", "/proc", "/host/proc"), _VALIDATIONS)),
     # the admission policies and their table come with it (render.quota_objects); the CRD with the operator's
     Operand("quota", "quota", "state-quota", kind="Deployment", command=("kubegpu", "quota", "controller"),
-            args=("--lease-duration=15", "--interval=2"),
-            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "patch"]),
-                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list"]),
+            args=("--lease-duration=15", "--interval=2", "--metrics-address=:8084"), port=8084, ready_path="/readyz",
+            # pods create, pods/status, DRA reads: ResourceClaims' charge holders (docs/quotas.md)
+            cluster_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "patch"]),
+                           rule([""], ["pods/status"], ["patch"]),
+                           rule(["resource.k8s.io"], ["deviceclasses", "resourceclaims", "resourceclaimtemplates"],
+                                ["list", "watch"]),
+                           rule([""], ["pods/eviction"], ["create"]), rule([""], ["nodes"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas"], ["get", "list", "watch"]),
                            rule(["kubegpu.io"], ["elasticquotas/status"], ["patch"]), EVENTS),
-            namespace_rules=(_LEASES,)),
+            namespace_rules=(_LEASES, rule([""], ["configmaps"], ["get"]))),
 )
 
 # The validator's init containers, in order (GPU Operator's nvidia-validator components).

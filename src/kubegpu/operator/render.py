@@ -242,6 +242,8 @@ def workload(policy: ClusterPolicy, op: Operand, namespace: str) -> dict[str, An
         container["resources"] = resources
     if op.port:
         container["ports"] = [{"name": "metrics", "containerPort": op.port}]
+        if op.ready_path:
+            container["readinessProbe"] = {"httpGet": {"path": op.ready_path, "port": "metrics"}, "periodSeconds": 10}
     if op.component == "operator-validator":
         container["lifecycle"] = {"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}}
     mounts = [{"name": h.name, "mountPath": h.mount_path, **({"mountPropagation": h.propagation} if h.propagation
@@ -431,13 +433,14 @@ def quota_objects(policy: ClusterPolicy, namespace: str, state: str, gpu_nodes: 
                   nodepools: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """The charge table (from `spec.quota`, the nodes' labels and the GPUs the cluster's NodePools may launch) and the
     admission policies of deploy/kubernetes/quota, in this namespace."""
-    from kubegpu.quota.policy import charge_policies, gate_policies, table_configmap
+    from kubegpu.quota.policy import charge_policies, claim_gate_policies, gate_policies, table_configmap
     from kubegpu.sharing.charges import ChargeTable
 
     spec = policy.spec.quota
     table = ChargeTable.for_cluster(spec.gpuModels, gpu_nodes, dict(spec.replicas),  # gpu_nodes: their labels
                                     pools=nodepools)
-    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies()]
+    objects = [table_configmap(table, namespace), *charge_policies(namespace), *gate_policies(),
+               *claim_gate_policies(namespace)]
     for obj in objects:
         obj["metadata"]["labels"] = {**obj["metadata"].get("labels", {}), **labels("quota", state)}
     return objects

@@ -8,9 +8,8 @@ from typing import Any
 
 import typer
 
-from kubegpu.cliopts import FORMATS, duration_option, emit, legacy_alias, output_option
+from kubegpu.cliopts import FORMATS, duration_option, emit, legacy_alias, metrics_address_option, output_option
 from kubegpu.errors import ConfigError
-from kubegpu.files import load_yaml_file
 from kubegpu.sharing.charges import DEFAULT_REPLICAS, ChargeTable, PodCharge, pod_charge, quantity_of_bytes
 
 quota_app = typer.Typer(help="GPU quotas in kubegpu.io/gpu-memory: explain a pod's charge, ship the policy.",
@@ -71,7 +70,7 @@ def _nodepools_option() -> Path | None:
                         "karpenter.sh/v1): the GPUs they may launch join the cluster's.")
 
 
-def _print_table(charge: PodCharge) -> None:
+def _print_table(charge: PodCharge, claims: list[Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -81,14 +80,67 @@ def _print_table(charge: PodCharge) -> None:
     for line in charge.lines:
         table.add_row(line.container, line.resource, str(line.count), quantity_of_bytes(line.bytes_each),
                       quantity_of_bytes(line.total))
+    for claim in claims:   # a named claim is charged once, whichever of its pods comes first
+        table.add_row(f"claim {claim.entry}", f"{claim.kind}/{claim.source}", "1", quantity_of_bytes(claim.bytes),
+                      quantity_of_bytes(claim.bytes) or "0")
+    total = charge.gpu_memory_bytes + sum(claim.bytes for claim in claims)
     console = Console()
     console.print(table)
-    console.print(f"total: {quantity_of_bytes(charge.gpu_memory_bytes)} ({charge.gpu_memory_bytes} bytes)")
+    console.print(f"total: {quantity_of_bytes(total)} ({total} bytes)")
+
+
+_CLAIM_KINDS = ("ResourceClaimTemplate", "ResourceClaim", "DeviceClass")
+
+
+def _documents(files: list[Path]) -> tuple[Mapping[str, Any], dict[str, list[Mapping[str, Any]]]]:
+    """The pod (the first document that is not a DRA object) and the ResourceClaimTemplates, ResourceClaims and
+    DeviceClasses given with it (in the same file or more `-f` files)."""
+    from kubegpu.files import parse_yaml_documents, read_text
+
+    pod: Mapping[str, Any] | None = None
+    found: dict[str, list[Mapping[str, Any]]] = {kind: [] for kind in _CLAIM_KINDS}
+    for path in files:
+        for index, document in enumerate(parse_yaml_documents(read_text(path), str(path))):
+            kind = document.get("kind") if isinstance(document, Mapping) else None
+            if kind in found and isinstance(document, Mapping):
+                found[str(kind)].append(document)
+            elif pod is None:
+                pod = _pod_of(document, f"{path}: document {index}")
+            else:
+                raise ConfigError(f"{path}: document {index}: a second pod ({kind or 'no kind'}); give one pod and "
+                                  f"its {', '.join(_CLAIM_KINDS)}")
+    if pod is None:
+        raise ConfigError(f"{', '.join(map(str, files))}: no pod (or workload with a pod template) given")
+    return pod, found
+
+
+def _claim_charges(pod: Mapping[str, Any], found: dict[str, list[Mapping[str, Any]]],
+                   table: ChargeTable) -> list[Any]:
+    """The pod's ResourceClaims charged as the quota controller charges them (the shipped DeviceClasses, and any
+    given, by name)."""
+    from kubegpu.dra.classes import shipped_class_objects
+    from kubegpu.quota.claims import ClaimSourceMissing, parse_classes, pod_claim_charges
+
+    if not (pod.get("spec") or {}).get("resourceClaims"):
+        return []
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+
+    def by_name(kind: str) -> dict[str, Mapping[str, Any]]:
+        return {str((o.get("metadata") or {}).get("name")): o for o in found[kind]
+                if ((o.get("metadata") or {}).get("namespace") or namespace) == namespace}
+
+    classes = {**parse_classes(shipped_class_objects()), **parse_classes(found["DeviceClass"])}
+    try:
+        return pod_claim_charges(pod, by_name("ResourceClaimTemplate"), by_name("ResourceClaim"), classes, table)
+    except ClaimSourceMissing as exc:
+        raise ConfigError(f"{exc} (give it with -f)") from None
 
 
 @quota_app.command("explain")
 def explain_command(
-    file: Path = typer.Option(..., "--file", "-f", help="The pod (YAML or JSON; or a workload with a pod template)."),
+    files: list[Path] = typer.Option(..., "--file", "-f", help="The pod (YAML or JSON; or a workload with a pod "
+                                     "template), with the ResourceClaimTemplates / ResourceClaims it names (same "
+                                     "file or more -f)."),
     config: Path | None = typer.Option(None, "--config", help="NVIDIA device-plugin config (version: v1): the "
                                        "replicas of time-slicing / MPS resources, as the nodes have them."),
     output: str = output_option("table", FORMATS),
@@ -97,15 +149,16 @@ def explain_command(
                                               "may land on."),
     nodepools: Path | None = _nodepools_option(),
 ) -> None:
-    """The kubegpu.io/gpu-memory a pod is charged, line by line."""
+    """The kubegpu.io/gpu-memory a pod is charged, line by line, its ResourceClaims included."""
     table = _table(config, models, nodepools)
-    pod = _pod_of(load_yaml_file(file), str(file))
+    pod, found = _documents(files)
     charge = pod_charge(pod, table)
-    claims = [str(c.get("name")) for c in (pod.get("spec") or {}).get("resourceClaims") or () if isinstance(c, Mapping)]
-    if claims:  # stderr: the JSON on stdout stays what scripts parse
-        typer.echo(f"warning: pod {charge.pod} takes devices through ResourceClaims ({', '.join(claims)}), which the "
-                   "charge does not see; DRA is counted per DeviceClass (docs/quotas.md, With DRA)", err=True)
-    emit(charge.as_json(), output, table=lambda: _print_table(charge))
+    claims = _claim_charges(pod, found, table)
+    data = charge.as_json()
+    if claims:
+        data["gpuMemoryBytes"] += sum(c.bytes for c in claims)
+        data["claims"] = [c.as_json() for c in claims]
+    emit(data, output, table=lambda: _print_table(charge, claims))
 
 
 @quota_app.command("manifests")
@@ -132,22 +185,35 @@ def controller_command(
     interval: float = duration_option(2.0, "--interval", positive=True, help="Time between passes."),
     lease_duration: float = duration_option(15.0, "--lease-duration", positive=True,
                                             help="How long a leader holds the Lease."),
+    metrics_address: str = metrics_address_option("", "HOST:PORT to serve /metrics (kubegpu_informer_synced) and "
+                                                  "/readyz on (empty: off)."),
 ) -> None:
-    """Run the elastic-quota controller: lift kubegpu.io/quota gates, reclaim borrowed pods, report used."""
+    """Run the quota controller: charge ResourceClaims and lift kubegpu.io/gpu-memory gates, lift kubegpu.io/quota
+    gates, reclaim borrowed pods, report used."""
     import logging
     import os
     import socket
 
+    from kubegpu.kube.informer import InformedCluster
     from kubegpu.kube.lightkube_cluster import LightkubeCluster
-    from kubegpu.quota.controller import QuotaController, run
+    from kubegpu.quota.controller import INFORMED_KINDS, QuotaController, run
     from kubegpu.shutdown import stop_on_signals
 
     if interval <= 0 or lease_duration <= 0:
         raise ConfigError("--interval and --lease-duration must be positive")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     identity = os.environ.get("POD_NAME") or socket.gethostname()
-    controller = QuotaController(LightkubeCluster(), identity=identity, leader_elect=leader_elect,
+    # listed once, then watched; the controller never modifies what it reads, so the cache hands out its objects
+    informed = InformedCluster(LightkubeCluster(), INFORMED_KINDS, copy=False)
+    controller = QuotaController(informed, identity=identity, leader_elect=leader_elect,
                                  lease_namespace=namespace, lease_duration=lease_duration)
+    if metrics_address:
+        from prometheus_client import REGISTRY
+
+        from kubegpu.metrics import serve_metrics
+
+        informed.register_metrics(REGISTRY, "quota")   # kubegpu_informer_synced; /readyz 503 while stale
+        serve_metrics(metrics_address, ready=informed.trusted)
     stop = stop_on_signals()
     run(controller, interval, stop.is_set)
 

@@ -1,14 +1,16 @@
-"""The elastic-quota controller: reads ElasticQuotas, GPU pods and nodes, lifts `kubegpu.io/quota` gates, evicts
+"""The quota controller: charges pods' ResourceClaims (charge holders, `kubegpu.quota.holders`) and lifts their
+`kubegpu.io/gpu-memory` gates; reads ElasticQuotas, GPU pods and nodes, lifts `kubegpu.io/quota` gates, evicts
 borrowed pods when a team under its `min` needs its guarantee back, and records each team's `status.used`.
 
 Driven by `tick(now)` on a `Cluster`, like the partitioner and the autoscaler, so the same code runs against a real
 API server (`kubegpu quota controller`), the in-memory store in tests, and the simulator; one replica acts, the others
 wait on the `kubegpu-quota` Lease. The decision itself is `kubegpu.quota.elastic.decide` (pure).
 
-Pods, Nodes and ElasticQuotas are read through informers (`kubegpu.kube.informer`): listed once, then watched, so an
-idle controller sends no LIST however short its interval. The watch cache can lag a write by another client: a lift
-refused for a stale resourceVersion (409) reads the pod again from the API server, never from the cache. While the
-watches have been broken too long to trust the cache, the controller skips its passes (`cache_trusted`).
+Pods, Nodes, ElasticQuotas and the DRA objects a claim's charge reads are read through informers
+(`kubegpu.kube.informer`): listed once, then watched, so an idle controller sends no LIST however short its
+interval. The watch cache can lag a write by another client: a lift refused for a stale resourceVersion (409) reads
+the pod again from the API server, never from the cache. While the watches have been broken too long to trust the
+cache, the controller skips its passes (`cache_trusted`).
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ from kubegpu.kube.informer import InformedCluster, cache_trusted
 from kubegpu.kube.leader import LeaderElector
 from kubegpu.quota.api import KIND, parse_elastic_quota
 from kubegpu.quota.elastic import RESOURCES, Decision, QuotaPod, TeamQuota, decide
+from kubegpu.quota.holders import DRA_KINDS, ClaimCharger, ClaimPass, is_holder
 from kubegpu.scheduling import QUOTA_GATE, is_finished, parse_quantity, pod_requests
-from kubegpu.sharing.charges import node_gpus_bytes, quantity_of_bytes
+from kubegpu.sharing.charges import ChargeTable, node_gpus_bytes, quantity_of_bytes
 from kubegpu.sharing.names import GPU_MEMORY_RESOURCE, GPU_RESOURCE
 
 log = logging.getLogger("kubegpu.quota")
 COMPONENT = "kubegpu-quota"
 LEASE_NAME = "kubegpu-quota"
-INFORMED_KINDS = ("Pod", "Node", KIND)
+INFORMED_KINDS = ("Pod", "Node", KIND, *DRA_KINDS)
 
 
 def has_quota_gate(pod: Mapping[str, Any]) -> bool:
@@ -55,9 +58,10 @@ def quota_pod(pod: Mapping[str, Any]) -> QuotaPod | None:
     if not amounts.get(GPU_MEMORY_RESOURCE):
         return None
     meta = pod.get("metadata") or {}
+    # a charge holder holds its claim's GPUs for the team: admitted and in place (it never binds, by design)
     return QuotaPod(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name", "")),
                     amounts=amounts, created=parse_timestamp(meta.get("creationTimestamp")) or 0.0,
-                    gated=has_quota_gate(pod), bound=bool((pod.get("spec") or {}).get("nodeName")),
+                    gated=has_quota_gate(pod), bound=bool((pod.get("spec") or {}).get("nodeName")) or is_holder(pod),
                     terminating=bool(meta.get("deletionTimestamp")))
 
 
@@ -85,6 +89,7 @@ class TickResult:
     lifted: int = 0
     evicted: int = 0
     decision: Decision | None = None
+    claims: ClaimPass | None = None
 
 
 @dataclass
@@ -95,9 +100,11 @@ class QuotaController:
     lease_namespace: str = "kubegpu"
     lease_duration: float = 15.0
     workers: int = 8
+    table: ChargeTable | None = None   # what claims are charged against (default: the table ConfigMap's)
     elector: LeaderElector | None = field(default=None, init=False)
     api: Cluster = field(init=False)   # the API server itself: the Lease, and fresh reads after a 409
     _bad: set[str] = field(default_factory=set, init=False)
+    charger: ClaimCharger = field(init=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.cluster, InformedCluster):
@@ -106,6 +113,7 @@ class QuotaController:
             self.api = self.cluster
             # the controller never modifies what it reads (it builds patches), so the cache hands out its objects
             self.cluster = InformedCluster(self.cluster, INFORMED_KINDS, copy=False)
+        self.charger = ClaimCharger(self.cluster, self.api, self.table, COMPONENT, self.lease_namespace)
         if self.leader_elect:
             self.elector = LeaderElector(self.api, self.identity, LEASE_NAME, self.lease_namespace,
                                          lease_duration=self.lease_duration)
@@ -120,6 +128,7 @@ class QuotaController:
             return TickResult()
         if not cache_trusted(self.cluster):
             return TickResult()  # the watches are broken: no decision on a view that may be minutes old
+        claims = self.charger.tick(self.cluster.list("Pod"))
         quota_objects = self.cluster.list(KIND)
         quotas = []
         for obj in quota_objects:
@@ -143,7 +152,7 @@ class QuotaController:
                 record_event(self.cluster, by_key[eviction.pod.key], "QuotaReclaimed", eviction.reason,
                              component=COMPONENT)
         self._write_status(quota_objects, decision)
-        return TickResult(True, lifted, evicted, decision)
+        return TickResult(True, lifted, evicted, decision, claims)
 
     def _lift(self, pods: list[dict[str, Any]]) -> int:
         def lift(pod: dict[str, Any]) -> None:
@@ -198,6 +207,9 @@ def run(controller: QuotaController, interval: float, stop: Callable[[], bool],
             result = controller.tick(started)
             if result.lifted or result.evicted:
                 log.info("quota: lifted %d gate(s), evicted %d borrowed pod(s)", result.lifted, result.evicted)
+            if result.claims and (result.claims.charged or result.claims.lifted):
+                log.info("quota: %d claim charge(s) held, %d claim pod(s) let through", result.claims.charged,
+                         result.claims.lifted)
         except KubegpuError as exc:
             log.warning("quota pass failed: %s", exc)
         time.sleep(max(0.0, interval - (now() - started)))

@@ -21,6 +21,18 @@ the table. So there is no webhook at all.
   namespace without one finds no parameter and is left alone (`parameterNotFoundAction: Allow`). Its failure policy
   is `Ignore`: until the API server has synced the ElasticQuota kind (seconds after the CRD appears), or if the CRD
   is removed, GPU pods are admitted ungated rather than refused — a quota wait is a courtesy, the charge is the law.
+* `kubegpu-claim-gate` (MutatingAdmissionPolicy, no parameter, `failurePolicy: Fail`): a pod with
+  `spec.resourceClaims` starts behind the scheduling gate `kubegpu.io/gpu-memory`, which the quota controller lifts
+  once each claim's charge is held by a charge-holder pod the ResourceQuota plugin admitted (`kubegpu.quota.holders`).
+  No parameter, so no parameter cache a pod created right after its claim template could outrun;
+* `kubegpu-gate-guard` (ValidatingAdmissionPolicy, no parameter): only the quota controller's ServiceAccount (and
+  `system:masters`) may remove `kubegpu.io/gpu-memory` or `kubegpu.io/quota` from a pod, so pod-update rights are
+  no way past a charge or a quota wait;
+* `kubegpu-charge-holders` (ValidatingAdmissionPolicy, no parameter): only the quota controller creates or changes a
+  pod labelled `kubegpu.io/gpu-memory-charge`; besides it only the garbage collector and namespace controller
+  (kube-system's identities) and `system:masters` delete or evict one (an eviction deletes without a pod DELETE
+  admission, so evictions of pods named `kubegpu-charge-*` are checked too): a user cannot give a charge back while
+  its claim holds the GPUs.
 
 The CEL is kept here, once, and rendered into every shipped copy; a test checks the copies are fresh and the real
 API server test checks that the CEL and `kubegpu.sharing.charges` agree on every resource kind.
@@ -30,6 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubegpu.quota.claims import CLAIM_GATE, HOLDER_LABEL, HOLDER_PREFIX
 from kubegpu.scheduling.pods import QUOTA_GATE
 from kubegpu.sharing.charges import (
     GIB,
@@ -50,6 +63,10 @@ TABLE_NAME = "kubegpu-gpu-memory"
 CHARGE_POLICY = "kubegpu-gpu-memory"
 TABLE_GUARD = "kubegpu-gpu-memory-table"
 GATE_POLICY = "kubegpu-quota-gate"
+CLAIM_GATE_POLICY = "kubegpu-claim-gate"
+GATE_GUARD = "kubegpu-gate-guard"
+HOLDER_GUARD = "kubegpu-charge-holders"
+SERVICE_ACCOUNT = "kubegpu-quota"  # the quota controller's (kubegpu.quota.deploy)
 LABELS = {"app.kubernetes.io/part-of": "kubegpu", "app.kubernetes.io/component": "quota"}
 MAP_API = "admissionregistration.k8s.io/v1"
 
@@ -273,4 +290,74 @@ def gate_policies() -> list[dict[str, Any]]:
         {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicyBinding", "metadata": _meta(GATE_POLICY),
          "spec": {"policyName": GATE_POLICY,
                   "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}},
+    ]
+
+
+def controller_user(namespace: str = NAMESPACE) -> str:
+    """The quota controller's user name as the API server sees it (its ServiceAccount)."""
+    return f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
+
+
+def _requester_is(namespace: str, *, collectors: bool) -> str:
+    """CEL: the request comes from the quota controller or `system:masters` (break-glass); `collectors`: or from
+    kube-system's controllers (the garbage collector and namespace controller, under their own ServiceAccounts or
+    kube-controller-manager's user)."""
+    allowed = (f"request.userInfo.username == '{controller_user(namespace)}' "
+               "|| 'system:masters' in request.userInfo.groups")
+    if collectors:
+        allowed += (" || request.userInfo.username.startsWith('system:serviceaccount:kube-system:') "
+                    "|| request.userInfo.username == 'system:kube-controller-manager'")
+    return allowed
+
+
+def claim_gate_policies(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """The gate every pod with ResourceClaims starts behind, and the guards that keep users from lifting it or from
+    touching a charge holder (module doc). None has a parameter: nothing for a new pod to outrun."""
+    gate = f"Object{{spec: Object.spec{{schedulingGates: [Object.spec.schedulingGates{{name: '{CLAIM_GATE}'}}]}}}}"
+    gates = f"['{CLAIM_GATE}', '{QUOTA_GATE}']"
+    lifts = (f"has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name in {gates} "
+             "&& !(has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(h, h.name == g.name)))")
+    lifted_message = (f"'pod ' + request.namespace + '/' + object.metadata.name + ': only the quota controller ("
+                      f"{controller_user(namespace)}) removes the scheduling gates ' + "
+                      f"{gates}.filter(n, oldObject.spec.schedulingGates.exists(g, g.name == n)).join(', ')")
+    holder = "(request.operation == 'CREATE' ? object : oldObject)"
+    # an eviction's object is the Eviction, whose name is the pod's: holders are told by their name's prefix there
+    eviction = "(has(request.subResource) && request.subResource == 'eviction')"
+    marked = (f"{eviction} ? request.name.startsWith('{HOLDER_PREFIX}') "
+              f": (has({holder}.metadata.labels) && '{HOLDER_LABEL}' in {holder}.metadata.labels)")
+    holder_rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                       "operations": ["CREATE", "UPDATE", "DELETE"],
+                                       "resources": ["pods", "pods/eviction"]}]}
+    holder_check = (f"request.operation == 'DELETE' || {eviction} "
+                    f"? ({_requester_is(namespace, collectors=True)}) : ({_requester_is(namespace, collectors=False)})")
+    holder_message = (f"'pod ' + request.namespace + '/' + request.name + ' holds a GPU-memory charge: "
+                      f"only the quota controller ({controller_user(namespace)}) creates or changes it, and it goes "
+                      f"with what it charges'")
+    update_rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                       "resources": ["pods"]}]}
+    return [
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicy", "metadata": _meta(CLAIM_GATE_POLICY),
+         "spec": {"matchConstraints": _POD_RULES,
+                  "matchConditions": [{"name": "has-resource-claims", "expression":
+                                       "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"}],
+                  "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+                  "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": gate}}]}},
+        {"apiVersion": MAP_API, "kind": "MutatingAdmissionPolicyBinding", "metadata": _meta(CLAIM_GATE_POLICY),
+         "spec": {"policyName": CLAIM_GATE_POLICY}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": _meta(GATE_GUARD),
+         "spec": {"matchConstraints": update_rules,
+                  "matchConditions": [{"name": "lifts-a-kubegpu-gate", "expression": lifts}],
+                  "failurePolicy": "Fail",
+                  "validations": [{"expression": _requester_is(namespace, collectors=False),
+                                   "messageExpression": lifted_message, "reason": "Forbidden"}]}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(GATE_GUARD),
+         "spec": {"policyName": GATE_GUARD, "validationActions": ["Deny"]}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": _meta(HOLDER_GUARD),
+         "spec": {"matchConstraints": holder_rules,
+                  "matchConditions": [{"name": "is-a-charge-holder", "expression": marked}],
+                  "failurePolicy": "Fail",
+                  "validations": [{"expression": holder_check, "messageExpression": holder_message,
+                                   "reason": "Forbidden"}]}},
+        {"apiVersion": MAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(HOLDER_GUARD),
+         "spec": {"policyName": HOLDER_GUARD, "validationActions": ["Deny"]}},
     ]

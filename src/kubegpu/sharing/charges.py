@@ -469,6 +469,26 @@ def table_data(table: ChargeTable | None = None) -> dict[str, str]:
     return data
 
 
+def table_from_data(data: Mapping[str, str], source: str = "table") -> ChargeTable:
+    """The table back from its ConfigMap `data` (`table_data`), for a component that charges what the admission
+    policy charges (the quota controller, for ResourceClaims). ConfigError naming the key at fault."""
+    try:
+        keys = [k for k in str(data[TABLE_KEYS_KEY]).split(",") if k]
+        shapes = []
+        for shape_id in (i for i in str(data[TABLE_SHAPES_KEY]).split(",") if i):
+            prefix = f"{TABLE_SHAPE_PREFIX}{shape_id}."
+            labels = {k: str(data[table_key(prefix, k)]) for k in keys if table_key(prefix, k) in data}
+            shapes.append(GpuShape(labels, int(data[prefix + TABLE_BYTES_SUFFIX])))
+        # a resource name's domain holds no `_`: the first one stands for the `/`
+        replicas = {key[len(TABLE_REPLICAS_PREFIX):].replace("_", "/", 1): int(value) for key, value in data.items()
+                    if key.startswith(TABLE_REPLICAS_PREFIX)}
+    except KeyError as exc:
+        raise ConfigError(f"{source}: data: missing key {exc.args[0]}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: data: {exc}") from None
+    return ChargeTable(tuple(shapes), replicas)
+
+
 @cache
 def shipped_table() -> ChargeTable:
     """The table shipped in deploy/kubernetes/quota and used offline: the whole catalog, the default replicas."""
@@ -477,4 +497,4 @@ def shipped_table() -> ChargeTable:
 
 __all__ = ["GIB", "GPU_RESOURCE", "ChargeLine", "ChargeTable", "GpuShape", "PodCharge", "catalogue_shapes",
            "model_memory_bytes", "node_gpu_memory", "pod_charge", "product_label", "quantity_of_bytes",
-           "replicas_of_config", "shipped_table", "table_data"]
+           "replicas_of_config", "shipped_table", "table_data", "table_from_data"]
