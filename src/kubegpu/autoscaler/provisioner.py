@@ -274,7 +274,7 @@ class Provisioner:
         self.surplus = SurplusTracker(grace=surplus_grace)
         self._cordoned: dict[str, tuple[str, float]] = {}   # unused claim → (its node, when its cordon was seen)
         self._infos = InfoMemo()   # NodeInfos of unchanged nodes, from one pass to the next
-        self.reservations = Reservations(self.cluster, self.state, self.log, self.parallelism)
+        self.reservations = Reservations(self.cluster, self.state, self.log, self.parallelism, clock)
         self.pool_status = PoolStatus(self.cluster, clock, self.log)
         # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
         self.terminate: Callable[[dict[str, Any], str], None] | None = None

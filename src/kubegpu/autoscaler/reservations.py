@@ -33,19 +33,25 @@ from kubegpu.kube.patching import ListEdit, taint_identity, update_lists
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot
+    from kubegpu.clock import Clock
     from kubegpu.kube import Cluster
+
+LIFT_RESEND = 10.0   # seconds before a lift the watch does not show yet is sent again
 
 
 class Reservations:
     """Holds planned nodes for their pods (`nomination.py`); the provisioner calls `reconcile` every pass, `tolerate`
     when it creates a NodeClaim, and lifecycle `nominate_to` just before it registers a node."""
 
-    def __init__(self, cluster: Cluster, state: ClusterState, log: Callable[[str], None], parallelism: int) -> None:
+    def __init__(self, cluster: Cluster, state: ClusterState, log: Callable[[str], None], parallelism: int,
+                 clock: Clock) -> None:
         self.cluster = cluster
         self.state = state
         self.log = log
         self.parallelism = parallelism
+        self.clock = clock
         self.ledger = NominationLedger()
+        self._lifted: dict[str, float] = {}   # node → when its reservation was lifted (not sent again meanwhile)
 
     def tolerate(self, pods: Sequence[Mapping[str, Any]], token: str) -> None:
         """Let `pods` onto the node holding reservation `token` (one write per pod, in turn: the caller runs claims
@@ -78,9 +84,14 @@ class Reservations:
             if ok:
                 self.ledger.done(pod_key(pod), node)
         node_of_claim = {k: v for k, v in names.items() if k not in snapshot.nodes}
-        lift = reservations_to_lift(snapshot.nodes, node_of_claim, nominations, (pod_key(p) for p in pending))
-        each_write([(name, partial(self._lift, snapshot.nodes[name])) for name in lift], self.parallelism,
-                   lambda name, exc: self.log(f"node {name}: cannot lift its reservation: {exc}"))
+        now = self.clock.now()
+        # a lift the watch does not show yet is not sent again for a while (it would cost a 409 and a fresh read)
+        self._lifted = {n: at for n, at in self._lifted.items() if n in snapshot.nodes and now - at < LIFT_RESEND}
+        lift = [name for name in reservations_to_lift(snapshot.nodes, node_of_claim, nominations,
+                                                      (pod_key(p) for p in pending)) if name not in self._lifted]
+        done = each_write([(name, partial(self._lift, snapshot.nodes[name])) for name in lift], self.parallelism,
+                          lambda name, exc: self.log(f"node {name}: cannot lift its reservation: {exc}"))
+        self._lifted.update((name, now) for name, ok in zip(lift, done, strict=True) if ok)
 
     def nominate_to(self, claim: str, node: str) -> None:
         """Nominate the pods planned onto NodeClaim `claim` to its Node `node` (lifecycle: just before registration).
