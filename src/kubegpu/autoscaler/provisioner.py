@@ -444,14 +444,13 @@ class Provisioner:
     def create_claim(self, plan: ClaimPlan, pool: NodePool, name: str | None = None,
                      reserve: bool = False) -> dict[str, Any]:
         """Create the NodeClaim and nominate the plan's pods to it; with `reserve` (new capacity for pending pods),
-        its node is held for them (`nomination.py`). The API server names it from `generateName` unless the caller
-        recorded a `name` for it first (disruption's replacements)."""
+        its node is held for them (`nomination.py`; their tolerations are written when the node registers). The API
+        server names it from `generateName` unless the caller recorded a `name` for it first (disruption's
+        replacements)."""
         token = uuid.uuid4().hex[:16] if reserve else None
         claim = nodeclaim_object(plan, pool, name or f"{pool.name}-", self.clock.now(), token)
         created = self.cluster.create(claim)
         self.state.nominate(name_of(created), (pod_key(p) for p in plan.pods), self.clock.now())
-        if token is not None:
-            self.reservations.tolerate(plan.pods, token)
         if self.metrics is not None:
             self.metrics.nodeclaims_created.labels("provisioned", pool.name, "false").inc()
             self.metrics.decisions.labels("launch").inc()

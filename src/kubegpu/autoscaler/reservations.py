@@ -20,6 +20,7 @@ from kubegpu.autoscaler.nomination import (
     node_names,
     nomination_patch,
     reservation_taint,
+    reservation_token,
     reservation_tokens,
     reservation_toleration,
     reservations_to_lift,
@@ -40,8 +41,10 @@ LIFT_RESEND = 10.0   # seconds before a lift the watch does not show yet is sent
 
 
 class Reservations:
-    """Holds planned nodes for their pods (`nomination.py`); the provisioner calls `reconcile` every pass, `tolerate`
-    when it creates a NodeClaim, and lifecycle `nominate_to` just before it registers a node."""
+    """Holds planned nodes for their pods (`nomination.py`): lifecycle calls `prepare` just before it registers a node
+    (its workers, in parallel: a burst's claims are all created first, and their pods' writes go with the launches
+    that follow rather than holding up the creations), the provisioner `reconcile` every pass for what failed or
+    was planned since."""
 
     def __init__(self, cluster: Cluster, state: ClusterState, log: Callable[[str], None], parallelism: int,
                  clock: Clock) -> None:
@@ -52,12 +55,6 @@ class Reservations:
         self.clock = clock
         self.ledger = NominationLedger()
         self._lifted: dict[str, float] = {}   # node → when its reservation was lifted (not sent again meanwhile)
-
-    def tolerate(self, pods: Sequence[Mapping[str, Any]], token: str) -> None:
-        """Let `pods` onto the node holding reservation `token` (one write per pod, in turn: the caller runs claims
-        in parallel)."""
-        for pod in pods:
-            self._tolerate(pod, token)
 
     def _tolerate(self, pod: Mapping[str, Any], token: str) -> None:
         meta = pod.get("metadata") or {}
@@ -73,7 +70,8 @@ class Reservations:
     def reconcile(self, snapshot: Snapshot, pending: Sequence[dict[str, Any]]) -> None:
         """Tolerations and nominations the plan calls for and the pods lack; reservations nobody waits for lifted."""
         nominations = self.state.nominations_view()
-        tokens = by_pod(nominations, reservation_tokens(snapshot.nodeclaims, snapshot.nodes))
+        registered = [c for c in snapshot.nodeclaims if (c.get("status") or {}).get("nodeName") in snapshot.nodes]
+        tokens = by_pod(nominations, reservation_tokens(registered, snapshot.nodes))
         each_write([(pod_key(pod), partial(self._tolerate, pod, token))
                     for pod, token in tolerations_due(pending, tokens)], self.parallelism, self._failed)
         names = node_names(snapshot.nodeclaims, snapshot.nodes)
@@ -93,10 +91,21 @@ class Reservations:
                           lambda name, exc: self.log(f"node {name}: cannot lift its reservation: {exc}"))
         self._lifted.update((name, now) for name, ok in zip(lift, done, strict=True) if ok)
 
-    def nominate_to(self, claim: str, node: str) -> None:
-        """Nominate the pods planned onto NodeClaim `claim` to its Node `node` (lifecycle: just before registration).
-        A failed write is logged; the next pass retries."""
-        for key in self.ledger.unwritten(sorted(self.state.nominations_view().get(claim, ())), node):
+    def prepare(self, claim: Mapping[str, Any], node: str) -> None:
+        """Let the pods planned onto NodeClaim `claim` onto its Node `node` and nominate them to it, pod by pod
+        (lifecycle: just before registration lifts `kubegpu.io/unregistered` and lays the reservation). A failed
+        write is logged; the next pass retries."""
+        token = reservation_token(claim)
+        keys = sorted(self.state.nominations_view().get(str((claim.get("metadata") or {}).get("name")), ()))
+        if token is not None:
+            for key in keys:
+                namespace, name = key.split("/", 1)
+                try:
+                    pod = self.cluster.get("Pod", name, namespace)   # the informer's copy
+                except KubegpuError:
+                    continue
+                self._tolerate(pod, token)
+        for key in self.ledger.unwritten(keys, node):
             try:
                 self._nominate(key, node)
             except KubegpuError as exc:
