@@ -28,7 +28,7 @@ from kubegpu.autoscaler.objects import (
     is_true,
     name_of,
 )
-from kubegpu.autoscaler.pool_status import PoolStatus
+from kubegpu.autoscaler.pool_status import PoolStatus, pool_usage
 from kubegpu.autoscaler.recovery import UNUSED, set_disrupted, unused_cordons
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
@@ -36,7 +36,7 @@ from kubegpu.autoscaler.reservations import Reservations
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
-from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
+from kubegpu.scheduling import NodeInfo, node_info
 from kubegpu.scheduling.quantity import format_quantity
 
 if TYPE_CHECKING:
@@ -48,26 +48,6 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 __all__ = ["Provisioner", "Snapshot", "existing_infos", "nodeclaim_object", "plan_summary", "run_pass",
            "take_snapshot"]
-
-
-def claim_capacity(claim: Mapping[str, Any]) -> dict[str, float]:
-    status = claim.get("status") or {}
-    raw = status.get("capacity") or ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
-    return {k: parse_quantity(v) for k, v in raw.items()}
-
-
-def pool_usage(nodeclaims: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per NodePool: the summed capacity of its NodeClaims and their count (for `limits`)."""
-    usage: dict[str, dict[str, float]] = {}
-    for claim in nodeclaims:
-        pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL)
-        if not pool:
-            continue
-        total = usage.setdefault(pool, {"nodes": 0.0})
-        total["nodes"] += 1
-        for k, v in claim_capacity(claim).items():
-            total[k] = total.get(k, 0.0) + v
-    return usage
 
 
 def inflight_node(claim: Mapping[str, Any]) -> dict[str, Any]:
