@@ -1,7 +1,8 @@
 """Karpenter beside kubegpu in the same run: its scheduling algorithm against our provisioning pass, and end to end.
 
     python benchmarks/karpenter.py [--quick] [--sizes 500,2000,5000] [--iterations 2]
-    python benchmarks/karpenter.py --e2e [--pods 500,2000] [--trials 2] [--cpu-share 0.2] [--keep-logs DIR]
+    python benchmarks/karpenter.py --e2e [--pods 500,2000] [--trials 2] [--cpu-share 0.2] [--dra-share 0.5]
+        [--keep-logs DIR]
                                    [--json FILE] [--from-json FILE,FILE]
 
 Karpenter is pinned in the Go tools module `test/karpenter` (sigs.k8s.io/karpenter v1.14.1). Its own scheduling
@@ -263,7 +264,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         prices = price_table(write_types(types_file))
         say(f"end to end, Karpenter {VERSION} (kwok provider) vs kubegpu autoscaler (kwok provider): "
             f"{len(prices) // 8} instance types, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-            f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}; "
+            f"pods {sizes}, {args.trials} trial(s) each, CPU-only share {args.cpu_share}, DRA share {args.dra_share}; "
             f"kube-scheduler profile: {args.scheduler}; kube-controller-manager and kube-scheduler at "
             f"{controlplane.CONTROLLER_MANAGER_QPS} and {controlplane.SCHEDULER_QPS} requests/s")
         for size in sizes:
@@ -273,7 +274,7 @@ def run_e2e(args: argparse.Namespace) -> int:
                     say(f"{system}{' ' + variant if variant else ''}, {size} pods, trial {index + 1}/{args.trials}")
                     timeout = args.timeout or 300.0 + 0.6 * size
                     trial = run_trial(system, size, args.cpu_share, types_file, binary, prices, timeout,
-                                      args.settle, keep, say, shlex.split(variant), args.scheduler)
+                                      args.settle, keep, say, shlex.split(variant), args.scheduler, args.dra_share)
                     trial.variant = variant
                     trials.append(trial)
                     if args.json:  # after every trial, so a run cut short keeps what it measured
@@ -321,11 +322,17 @@ def main() -> int:
     e2e.add_argument("--kubegpu-args", action="append", default=None,
                      help="further `kubegpu autoscaler` flags, e.g. '--node-cost 6'; given again, another kubegpu "
                           "variant in the same A/B rotation (use '' for the defaults)")
+    e2e.add_argument("--dra-share", type=float, default=0.0,
+                     help="share of pods whose GPUs come only through DRA claims (whole GPUs, MIG partitions, a pair "
+                          "on one GPU, MPS shared four ways), 0..1 in tenths")
     e2e.add_argument("--from-json", default=None, help="print the table from files --json wrote, comma-separated")
     args = parser.parse_args()
     if args.e2e:
-        if not 0.0 <= args.cpu_share <= 1.0:
-            raise SystemExit(f"error: --cpu-share: must be from 0 to 1, got {args.cpu_share}")
+        for flag, share in (("--cpu-share", args.cpu_share), ("--dra-share", args.dra_share)):
+            if not 0.0 <= share <= 1.0:
+                raise SystemExit(f"error: {flag}: must be from 0 to 1, got {share}")
+        if args.cpu_share + args.dra_share > 1.0:
+            raise SystemExit("error: --cpu-share and --dra-share: together at most 1")
         return run_e2e(args)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([500] if args.quick else [500, 1000, 2000])
     bad = [s for s in sizes if s not in KARPENTER_SIZES]

@@ -126,16 +126,69 @@ def price_table(entries: list[dict[str, Any]]) -> dict[tuple[str, str, str], flo
     return table
 
 
-def burst(count: int, cpu_share: float = 0.0) -> list[dict[str, Any]]:
-    """`count` pending pods: in every 10, round(10 x cpu_share) CPU-only ones, the rest GPU pods in the issue's mix
-    (4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8 per 10 GPU pods), each asking 2 CPU and 8Gi per GPU."""
-    cpu_per_ten = round(10 * cpu_share)
-    pods, gpu_pods, cpu_pods = [], 0, 0
+# per 10 pods whose GPUs come through DRA claims (--dra-share): 4 whole GPUs, 2 `mig-1g.10gb` partitions, 2 pairs of a
+# 1g.10gb and a 3g.40gb partition of the same GPU (`matchAttribute` on the parent), 2 pods of a GPU shared through MPS
+# (one ResourceClaim for every MPS_SHARE of them)
+DRA_CYCLE = ("gpu", "gpu", "gpu", "gpu", "mig", "mig", "pair", "pair", "mps", "mps")
+MPS_SHARE = 4
+_PROFILE = "device.attributes['gpu.nvidia.com'].profile == '{}'"
+
+
+def _claim_spec(*requests: tuple[str, str, str | None], match: bool = False) -> dict[str, Any]:
+    """(request name, device class, profile or None) → a ResourceClaim spec."""
+    made = [{"name": name, "exactly": {"deviceClassName": device_class, **(
+        {"selectors": [{"cel": {"expression": _PROFILE.format(profile)}}]} if profile else {})}}
+        for name, device_class, profile in requests]
+    constraints = [{"requests": [r[0] for r in requests], "matchAttribute": "gpu.nvidia.com/parentUUID"}] \
+        if match else []
+    return {"devices": {"requests": made, **({"constraints": constraints} if constraints else {})}}
+
+
+CLAIM_SPECS = {
+    "gpu": _claim_spec(("gpu", "gpu.nvidia.com", None)),
+    "mig": _claim_spec(("mig", "mig.nvidia.com", "1g.10gb")),
+    "pair": _claim_spec(("small", "mig.nvidia.com", "1g.10gb"), ("large", "mig.nvidia.com", "3g.40gb"), match=True),
+    "mps": _claim_spec(("gpu", "mps.gpu.kubegpu.io", None)),
+}
+
+
+def dra_objects(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The DeviceClasses, one ResourceClaimTemplate per claim shape and the shared MPS claims the burst's pods use."""
+    from kubegpu.dra.classes import shipped_class_objects
+
+    shared = sorted({ref["resourceClaimName"] for p in pods for ref in p["spec"].get("resourceClaims") or ()
+                     if "resourceClaimName" in ref})
+    if not any(p["spec"].get("resourceClaims") for p in pods):
+        return []
+    templates = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                  "metadata": {"name": kind, "namespace": NAMESPACE}, "spec": {"spec": spec}}
+                 for kind, spec in CLAIM_SPECS.items() if kind != "mps"]
+    claims = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": name, "namespace": NAMESPACE}, "spec": CLAIM_SPECS["mps"]} for name in shared]
+    return [*shipped_class_objects(), *templates, *claims]
+
+
+def burst(count: int, cpu_share: float = 0.0, dra_share: float = 0.0) -> list[dict[str, Any]]:
+    """`count` pending pods: in every 10, round(10 x cpu_share) CPU-only ones, then round(10 x dra_share) whose GPUs
+    come through claims (DRA_CYCLE), the rest GPU pods in the issue's mix (4 x 1 GPU, 3 x 2, 2 x 4, 1 x 8 per 10 GPU
+    pods), each asking 2 CPU and 8Gi per GPU."""
+    cpu_per_ten, dra_per_ten = round(10 * cpu_share), round(10 * dra_share)
+    pods, gpu_pods, cpu_pods, dra_pods, mps_pods = [], 0, 0, 0, 0
     for i in range(count):
+        claims: list[dict[str, Any]] = []
         if i % 10 < cpu_per_ten:
             cpu, memory = CPU_ONLY[cpu_pods % len(CPU_ONLY)]
             cpu_pods += 1
             resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+        elif i % 10 < cpu_per_ten + dra_per_ten:
+            kind = DRA_CYCLE[dra_pods % len(DRA_CYCLE)]
+            dra_pods += 1
+            if kind == "mps":
+                claims = [{"name": "gpu", "resourceClaimName": f"mps-{mps_pods // MPS_SHARE:04d}"}]
+                mps_pods += 1
+            else:
+                claims = [{"name": "gpu", "resourceClaimTemplateName": kind}]
+            resources = {"requests": {"cpu": "2", "memory": "8Gi"}, "claims": [{"name": "gpu"}]}
         else:
             gpus = GPU_CYCLE[gpu_pods % len(GPU_CYCLE)]
             gpu_pods += 1
@@ -145,6 +198,7 @@ def burst(count: int, cpu_share: float = 0.0) -> list[dict[str, Any]]:
                      "metadata": {"name": f"burst-{i:05d}", "namespace": NAMESPACE, "labels": {"app": "burst"}},
                      "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
                                               "resources": resources}],
+                              **({"resourceClaims": claims} if claims else {}),
                               "terminationGracePeriodSeconds": 0}})
     return pods
 
@@ -303,6 +357,7 @@ class Trial:
     load: tuple[float, float] = (0.0, 0.0)
     variant: str = ""   # the further `kubegpu autoscaler` flags this trial ran with (--kubegpu-args)
     scheduler: str = "default"   # kube-scheduler's profile (SCHEDULER_PROFILES)
+    dra_share: float = 0.0       # share of pods whose GPUs come through DRA claims (--dra-share)
     # seconds from the first pod create (API timestamps, whole seconds): when half and nine tenths of the pods were
     # bound, and when the last NodeClaim that ended up used was created: where the time to bind every pod goes
     bound_p50_s: float = float("nan")
@@ -488,9 +543,11 @@ def _stamp(text: str | None) -> float:
 
 def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binary: Path | None,
               prices: dict[tuple[str, str, str], float], timeout: float, settle: float, keep: Path | None,
-              say: Callable[[str], None], kubegpu_args: Sequence[str] = (), scheduler: str = "default") -> Trial:
+              say: Callable[[str], None], kubegpu_args: Sequence[str] = (), scheduler: str = "default",
+              dra_share: float = 0.0) -> Trial:
     """One fresh control plane, one autoscaler, one burst; everything torn down before returning."""
-    trial = Trial(system, count, scheduler=scheduler)
+    trial = Trial(system, count, scheduler=scheduler, dra_share=dra_share)
+    pods = burst(count, cpu_share, dra_share)
     directory = Path(tempfile.mkdtemp(prefix=f"kubegpu-e2e-{system}-"))
     launched: Launched | None = None
     load_before = os.getloadavg()[0]
@@ -505,7 +562,9 @@ def run_trial(system: str, count: int, cpu_share: float, types_file: Path, binar
             launched = start_karpenter(real, directory, types_file, binary)
         else:
             launched = start_kubegpu(real, directory, types_file, kubegpu_args)
-        measure(real, launched, trial, burst(count, cpu_share), prices, timeout, settle, say)
+        for obj in dra_objects(pods):   # DeviceClasses, claim templates, shared claims: before the burst
+            real.admin.client.create(codecs.from_dict(obj))
+        measure(real, launched, trial, pods, prices, timeout, settle, say)
     finally:
         if launched is not None:
             stop(launched)

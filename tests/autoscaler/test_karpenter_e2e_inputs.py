@@ -118,3 +118,21 @@ apiserver_request_total{code="201",resource="events",subresource="",verb="POST"}
     assert requeued == {"NodeUpdateNodeTaint": 659.0}
     assert counts_by(text, "apiserver_request_total", request_key) == {
         "POST pods/binding": 500.0, "PATCH pods/status": 2390.0, "POST events": 3948.0}
+
+
+def test_a_dra_share_makes_claim_pods_in_the_issues_shapes_with_their_templates_and_shared_mps_claims() -> None:
+    pods = e2e.burst(40, dra_share=0.5)
+    claim_pods = [p for p in pods if p["spec"].get("resourceClaims")]
+    assert len(claim_pods) == 20 and not any(_gpus(p) for p in claim_pods)   # GPUs only through claims
+    refs = Counter(ref.get("resourceClaimTemplateName") or "shared" for p in claim_pods
+                   for ref in p["spec"]["resourceClaims"])
+    assert refs == {"gpu": 8, "mig": 4, "pair": 4, "shared": 4}
+    shared = Counter(ref["resourceClaimName"] for p in claim_pods for ref in p["spec"]["resourceClaims"]
+                     if "resourceClaimName" in ref)
+    assert list(shared.values()) == [e2e.MPS_SHARE]   # one MPS claim, used by four pods
+    objects = e2e.dra_objects(pods)
+    kinds = Counter(o["kind"] for o in objects)
+    assert kinds["ResourceClaimTemplate"] == 3 and kinds["ResourceClaim"] == 1 and kinds["DeviceClass"] >= 3
+    pair = next(o for o in objects if o["metadata"]["name"] == "pair")["spec"]["spec"]["devices"]
+    assert pair["constraints"] == [{"requests": ["small", "large"], "matchAttribute": "gpu.nvidia.com/parentUUID"}]
+    assert e2e.dra_objects(e2e.burst(10)) == []   # extended-resource pods only: nothing to create

@@ -7,7 +7,8 @@ status). The kwok provider's Node exists once its instance is launched, so regis
 and the claim's Launched and Registered conditions go in one status write. Its simulated kubelet and device plugin
 add one Node status write: the GPUs once registered, with Ready after a registration delay (with none, the Node is
 created Ready). Nothing is read back from the API server: the provider reads Nodes through the autoscaler's
-informers."""
+informers. Holding the node for the pod it was bought for costs one more Node write: the reservation taint
+lifted once that pod is bound (and the pod's toleration and nomination, a write each)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def test_a_nodeclaim_comes_up_in_about_karpenters_writes_and_no_reads(delay: flo
         ("patch", "NodeClaim", ""): 1,          # the launched instance's labels
         ("patch", "NodeClaim", "status"): 2,    # Launched and Registered (with what blocks Initialized); Initialized
         ("create", "Node", ""): 1,              # the kwok provider's instance
-        ("patch", "Node", ""): 2,               # registration (labels, taints, finalizer); the initialized label
+        ("patch", "Node", ""): 3,               # registration (labels, taints, finalizer); the initialized label;
+                                                # the reservation taint lifted once the pod it was bought for is bound
         ("patch", "Node", "status"): 1,         # the GPUs, once registered (and Ready, after a delay)
     }

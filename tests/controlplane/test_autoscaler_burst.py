@@ -1,8 +1,10 @@
-"""A burst of GPU pods against the REAL kube-scheduler (issue 26): the autoscaler's command loop (`Autoscaler.run`,
-parallel launches, consolidation off as in the Karpenter comparison) with the kwok provider and the shipped
-catalogue. kube-scheduler's default profile ignores nominations and spreads small pods onto big empty nodes, so the
-plan the autoscaler bought is not where pods land: every pod must still be bound, and no NodeClaim may stay empty
-once they are (a claim whose pods went elsewhere is deleted, not kept)."""
+"""A burst of GPU pods against the REAL kube-scheduler: the autoscaler's command loop (`Autoscaler.run`, parallel
+launches, consolidation off as in the Karpenter comparison) with the kwok provider and the shipped catalogue, whose
+cheapest plan mixes 1-, 4- and 8-GPU nodes. kube-scheduler's default profile spreads small pods onto big empty nodes,
+so left to itself it puts the 1-GPU pods on the nodes bought for the 4- and 8-GPU ones; the autoscaler nominates
+each pod to the node it bought for it (`status.nominatedNodeName`, written before the node is registered), which
+kube-scheduler honours. Every pod must be bound, and every node launched must be one a pod landed on: no launch
+without a pod to land (nor a NodeClaim left empty)."""
 
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     worker.start()
     first_bound: list[float] = []
     progress: dict[str, int] = {}
+    types: set[str] = set()   # the instance types of the NodeClaims the burst ended on
 
     def settled() -> tuple[int, int] | None:
         listed = cluster.list("Pod", namespace)
@@ -100,7 +103,10 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
         progress.update(bound=len(bound), nodeclaims=len(mine), empty=len(empty))
         if len(bound) < PODS:
             return None
-        return None if empty else (len(mine), len(on))
+        if empty:
+            return None
+        types.update(c["metadata"]["labels"].get("node.kubernetes.io/instance-type") for c in mine)
+        return len(mine), len(on)
 
     try:
         outcome = wait_for(settled, "every pod bound and no NodeClaim of the pool empty", 60, interval=0.5)
@@ -122,8 +128,11 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     nclaims, nodes = outcome
     elapsed = time.monotonic() - started
     print(f"\n{PODS} GPU pods: all bound after {elapsed:.1f}s (first after {first_bound[0]:.1f}s), "
-          f"{nclaims} NodeClaims, {nodes} nodes in use; autoscaler failures {scaler.failures}")
+          f"{provider.create_calls} launched, {nclaims} NodeClaims, {nodes} nodes in use; "
+          f"autoscaler failures {scaler.failures}")
     assert nclaims == nodes
+    assert len(types) > 1, types   # the plan mixed node sizes: the shape that invites the spread
+    assert provider.create_calls == nodes, lines[-10:]   # every node launched took a pod
     status = cluster.get("NodePool", pool_name)["status"]   # written through the real status subresource
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "ValidationSucceeded": "True", "NodeClassReady": "True", "Ready": "True"}

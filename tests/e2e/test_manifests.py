@@ -44,6 +44,7 @@ NEEDS: dict[str, set[tuple[str, str, str]]] = {
     | {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")},
     "kubegpu-autoscaler": {("", "nodes", verb) for verb in ("get", "list", "create", "patch", "delete")}
     | {("", "nodes/status", "patch"), ("", "pods", "list"), ("", "pods", "delete"), ("", "pods/eviction", "create")}
+    | {("", "pods", "get"), ("", "pods", "patch"), ("", "pods/status", "patch")}
     | {("kubegpu.io", "nodepools", "get"), ("kubegpu.io", "nodepools", "list")}
     | {("kubegpu.io", "nodeclaims", verb) for verb in ("get", "list", "create", "patch", "delete")}
     | {("kubegpu.io", "nodeclaims/status", "patch")}

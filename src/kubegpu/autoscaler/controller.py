@@ -98,6 +98,7 @@ class Autoscaler:
         self.lifecycle = Lifecycle(self.cluster, provider, clock, self.termination.start, self.log,
                                    state=self.state, parallelism=opts.parallelism)
         self.provisioner.terminate = self.termination.start
+        self.lifecycle.before_register = self.provisioner.reservations.prepare
         self.disruption = Disruption(self.cluster, provider, self.provisioner, self.termination, clock,
                                      opts.validation_delay, opts.replacement_timeout, self.log)
         self.recovery = Recovery(self.cluster, self.termination, self.log)

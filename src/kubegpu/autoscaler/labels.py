@@ -36,6 +36,7 @@ SIMULATED_NODE_LABEL = "kubegpu.io/simulated-node"
 
 UNREGISTERED_TAINT = {"key": "kubegpu.io/unregistered", "effect": "NoExecute"}
 DISRUPTED_TAINT = {"key": "kubegpu.io/disrupted", "effect": "NoSchedule"}
+RESERVED_TAINT_KEY = "kubegpu.io/reserved"   # a new node's room held for the pods it was bought for (nomination.py)
 DO_NOT_DISRUPT_ANNOTATION = "kubegpu.io/do-not-disrupt"
 DISRUPTION_ANNOTATION = "kubegpu.io/disruption"   # on candidates: a replacement under way (JSON, disruption.py)
 TERMINATION_FINALIZER = "kubegpu.io/termination"

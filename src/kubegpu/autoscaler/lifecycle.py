@@ -78,6 +78,9 @@ class Lifecycle:
         self.metrics: AutoscalerMetrics | None = None
         self._unhealthy_since: dict[str, float] = {}
         self._by_provider: dict[str, dict[str, Any]] = {}
+        # called with (NodeClaim, Node name) just before registration makes the node usable: the claim's pods are
+        # let onto it and nominated to it there (`reservations.py`)
+        self.before_register: Callable[[dict[str, Any], str], None] | None = None
 
     def reconcile(self, claims: list[dict[str, Any]], nodes: dict[str, dict[str, Any]]) -> None:
         """Walk each live NodeClaim one step; launches and registrations run up to `parallelism` at a time, and a
@@ -240,6 +243,8 @@ class Lifecycle:
         the termination finalizer. Only those entries, under a resourceVersion precondition (redone from a fresh read
         on 409), so a taint, finalizer or label the kubelet, the node lifecycle controller or a user added after our
         cache's copy stays."""
+        if self.before_register is not None:
+            self.before_register(claim, name_of(node))
         spec = claim.get("spec") or {}
         node_meta, node_spec = node.get("metadata") or {}, node.get("spec") or {}
         synced = () if (node_meta.get("labels") or {}).get("kubegpu.io/do-not-sync-taints") == "true" else \

@@ -9,12 +9,13 @@ for: its pools' class is always ready. The status is written only when it change
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.objects import name_of, with_condition
 from kubegpu.errors import KubegpuError
-from kubegpu.scheduling.quantity import format_quantity
+from kubegpu.scheduling.quantity import format_quantity, parse_quantity
 
 if TYPE_CHECKING:
     from kubegpu.autoscaler.api import NodePool
@@ -22,6 +23,26 @@ if TYPE_CHECKING:
     from kubegpu.kube import Cluster
 
 VALIDATION, NODECLASS, READY = "ValidationSucceeded", "NodeClassReady", "Ready"
+
+
+def claim_capacity(claim: Mapping[str, Any]) -> dict[str, float]:
+    status = claim.get("status") or {}
+    raw = status.get("capacity") or ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    return {k: parse_quantity(v) for k, v in raw.items()}
+
+
+def pool_usage(nodeclaims: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per NodePool: the summed capacity of its NodeClaims and their count (for `limits`)."""
+    usage: dict[str, dict[str, float]] = {}
+    for claim in nodeclaims:
+        pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL)
+        if not pool:
+            continue
+        total = usage.setdefault(pool, {"nodes": 0.0})
+        total["nodes"] += 1
+        for k, v in claim_capacity(claim).items():
+            total[k] = total.get(k, 0.0) + v
+    return usage
 
 
 def pool_conditions(current: Iterable[Mapping[str, Any]], invalid: str | None, class_why: str | None,

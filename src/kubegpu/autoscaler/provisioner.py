@@ -8,6 +8,7 @@ A NodePool that fails validation is reported once and skipped; the others keep s
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from kubegpu.autoscaler.cluster_state import ClusterState, Snapshot, informed, t
 from kubegpu.autoscaler.fanout import each_at_once, each_write
 from kubegpu.autoscaler.gpu_capacity import CapacityModel
 from kubegpu.autoscaler.instancetypes import InstanceType
+from kubegpu.autoscaler.nomination import reservation_taint, without_reservation
 from kubegpu.autoscaler.objects import (
     CREATED_AT_ANNOTATION,
     has_taint,
@@ -26,14 +28,15 @@ from kubegpu.autoscaler.objects import (
     is_true,
     name_of,
 )
-from kubegpu.autoscaler.pool_status import PoolStatus
+from kubegpu.autoscaler.pool_status import PoolStatus, pool_usage
 from kubegpu.autoscaler.recovery import UNUSED, set_disrupted, unused_cordons
 from kubegpu.autoscaler.replan import SurplusTracker, could_take, keep_nominated, pod_shapes, target_aliases
 from kubegpu.autoscaler.requirements import Requirement, Requirements
+from kubegpu.autoscaler.reservations import Reservations
 from kubegpu.autoscaler.scheduler import ClaimPlan, Scheduler, SchedulingResult, pod_key, pod_problem
 from kubegpu.errors import KubegpuError
 from kubegpu.kube.batching import Batcher
-from kubegpu.scheduling import NodeInfo, node_info, parse_quantity
+from kubegpu.scheduling import NodeInfo, node_info
 from kubegpu.scheduling.quantity import format_quantity
 
 if TYPE_CHECKING:
@@ -45,26 +48,6 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 __all__ = ["Provisioner", "Snapshot", "existing_infos", "nodeclaim_object", "plan_summary", "run_pass",
            "take_snapshot"]
-
-
-def claim_capacity(claim: Mapping[str, Any]) -> dict[str, float]:
-    status = claim.get("status") or {}
-    raw = status.get("capacity") or ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
-    return {k: parse_quantity(v) for k, v in raw.items()}
-
-
-def pool_usage(nodeclaims: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per NodePool: the summed capacity of its NodeClaims and their count (for `limits`)."""
-    usage: dict[str, dict[str, float]] = {}
-    for claim in nodeclaims:
-        pool = ((claim.get("metadata") or {}).get("labels") or {}).get(L.NODEPOOL_LABEL)
-        if not pool:
-            continue
-        total = usage.setdefault(pool, {"nodes": 0.0})
-        total["nodes"] += 1
-        for k, v in claim_capacity(claim).items():
-            total[k] = total.get(k, 0.0) + v
-    return usage
 
 
 def inflight_node(claim: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,21 +115,27 @@ def existing_infos(snapshot: Snapshot, exclude_nodes: set[str] = frozenset(),  #
         node = snapshot.nodes.get(node_name)
         pods = pods_for(node_name, node_name, name_of(claim))
         if node is not None and is_true(claim, "Initialized"):
-            infos.append(memo.info(f"node/{node_name}", node, pods))
+            infos.append(memo.info(f"node/{node_name}", node, pods, without_reservation))
         else:
-            infos.append(memo.info(f"claim/{name_of(claim)}", claim, pods, inflight_node))
+            infos.append(memo.info(f"claim/{name_of(claim)}", claim, pods, _planned_node))
     for name, node in sorted(snapshot.nodes.items()):
         if name not in claimed and name not in exclude_nodes:
-            infos.append(memo.info(f"node/{name}", node, pods_for(name, name)))
+            infos.append(memo.info(f"node/{name}", node, pods_for(name, name), without_reservation))
     return infos
 
 
-def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float) -> dict[str, Any]:
+def _planned_node(claim: dict[str, Any]) -> dict[str, Any]:
+    return without_reservation(inflight_node(claim))
+
+
+def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float,
+                     reservation: str | None = None) -> dict[str, Any]:
     """The NodeClaim for a plan: the pool's template plus the narrowed requirements and the summed requests.
 
     A `name` ending in "-" is a `generateName`: the API server appends a suffix that cannot clash (Karpenter's
     way; a name made here from a hash collides sooner or later on large bursts, issue 26). The
-    `kubegpu.io/termination` finalizer is there from the start, so whoever deletes the claim, termination runs."""
+    `kubegpu.io/termination` finalizer is there from the start, so whoever deletes the claim, termination runs.
+    With a `reservation` token, the claim's taints hold its node for the plan's pods (`nomination.py`)."""
     tmpl = pool.spec.template
     reqs = Requirements([r for r in plan.requirements if r.key != L.NODEPOOL_LABEL])
     reqs = reqs.merge(Requirements([Requirement(L.INSTANCE_TYPE_LABEL, False, frozenset(plan.instance_type_options))]))
@@ -163,7 +152,8 @@ def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float) -> 
         "spec": {
             "nodeClassRef": tmpl.spec.nodeClassRef.model_dump(),
             "requirements": reqs.to_api(),
-            "taints": [t.model_dump(exclude_none=True) for t in tmpl.spec.taints],
+            "taints": [*(t.model_dump(exclude_none=True) for t in tmpl.spec.taints),
+                       *([reservation_taint(reservation)] if reservation else [])],
             "startupTaints": [t.model_dump(exclude_none=True) for t in tmpl.spec.startupTaints],
             "resources": {"requests": {k: format_quantity(v) for k, v in plan.requests.items()}},
             "expireAfter": tmpl.spec.expireAfter,
@@ -264,6 +254,7 @@ class Provisioner:
         self.surplus = SurplusTracker(grace=surplus_grace)
         self._cordoned: dict[str, tuple[str, float]] = {}   # unused claim → (its node, when its cordon was seen)
         self._infos = InfoMemo()   # NodeInfos of unchanged nodes, from one pass to the next
+        self.reservations = Reservations(self.cluster, self.state, self.log, self.parallelism, clock)
         self.pool_status = PoolStatus(self.cluster, clock, self.log)
         # how an unused NodeClaim is let go (the autoscaler hands in termination's start; None: never)
         self.terminate: Callable[[dict[str, Any], str], None] | None = None
@@ -292,10 +283,15 @@ class Provisioner:
         if not pending:   # nothing waits: every NodeClaim bought for pods that landed elsewhere is surplus
             self.batcher.reset()
             self._remove_surplus(snapshot, set(), now)
+            self.reservations.reconcile(snapshot, pending)
             return None
         self.batcher.add((str((p.get("metadata") or {}).get("uid") or name_of(p)) for p in pending), now)
-        if not self.batcher.ready(now):
-            return None
+        result = self._provision(snapshot, pending, now) if self.batcher.ready(now) else None
+        self.reservations.reconcile(snapshot, pending)
+        return result
+
+    def _provision(self, snapshot: Snapshot, pending: list[dict[str, Any]], now: float) -> SchedulingResult:
+        """One scheduling pass over the batch: nominations, new NodeClaims, surplus let go, pods told why not."""
         self.batcher.reset()
         started = time.perf_counter()
         result = self.schedule(snapshot, pending, keep_nominations=True)
@@ -425,10 +421,14 @@ class Provisioner:
             result.existing.setdefault(name, []).extend(pods)
         return result
 
-    def create_claim(self, plan: ClaimPlan, pool: NodePool, name: str | None = None) -> dict[str, Any]:
-        """Create the NodeClaim and nominate the plan's pods to it. The API server names it from `generateName`
-        unless the caller recorded a `name` for it first (disruption's replacements)."""
-        claim = nodeclaim_object(plan, pool, name or f"{pool.name}-", self.clock.now())
+    def create_claim(self, plan: ClaimPlan, pool: NodePool, name: str | None = None,
+                     reserve: bool = False) -> dict[str, Any]:
+        """Create the NodeClaim and nominate the plan's pods to it; with `reserve` (new capacity for pending pods),
+        its node is held for them (`nomination.py`; their tolerations are written when the node registers). The API
+        server names it from `generateName` unless the caller recorded a `name` for it first (disruption's
+        replacements)."""
+        token = uuid.uuid4().hex[:16] if reserve else None
+        claim = nodeclaim_object(plan, pool, name or f"{pool.name}-", self.clock.now(), token)
         created = self.cluster.create(claim)
         self.state.nominate(name_of(created), (pod_key(p) for p in plan.pods), self.clock.now())
         if self.metrics is not None:
@@ -445,7 +445,7 @@ class Provisioner:
 
         def create(plan: ClaimPlan) -> None:
             try:
-                self.create_claim(plan, pools[plan.nodepool])
+                self.create_claim(plan, pools[plan.nodepool], reserve=True)
             except KubegpuError as exc:
                 self.log(f"nodepool {plan.nodepool}: cannot create a NodeClaim ({plan.instance_type}) for "
                          f"{len(plan.pods)} pods: {exc}; retried with the next batch")

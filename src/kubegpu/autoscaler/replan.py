@@ -1,10 +1,11 @@
 """Re-planning from where pods actually landed (issue 26), pure: which nominations still hold, and which NodeClaims
 nobody needs any more.
 
-kube-scheduler (default profile) ignores the autoscaler's nominations: it spreads small pods onto big empty nodes,
-so the set of nodes a pass bought is not where its pods end up. Each provisioning pass therefore starts from the
-cluster as it is — pods where they are bound, in-flight NodeClaims (launched or not, registered or not) as the
-capacity they will bring — and:
+kube-scheduler's default profile spreads small pods onto big empty nodes, so without more the set of nodes a pass
+bought is not where its pods end up. New nodes are held for their pods (`nomination.py`); for what that does not cover
+(nodes that were there before, a hold lifted by a new leader) each provisioning pass starts from the cluster as it
+is — pods where they are bound, in-flight NodeClaims (launched or not, registered or not) as the capacity they will
+bring — and:
 
 - **keeps** a pending pod's nomination from the pass before while its node or NodeClaim still exists and still has
   room for it next to what really landed there (`keep_nominated`), so a re-plan does not shuffle pods between

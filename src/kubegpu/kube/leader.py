@@ -58,11 +58,15 @@ class LeaderElector:
 
     def try_acquire(self, now: float) -> bool:
         """Hold (create, renew or take over) the Lease at `now`; False while another replica holds it. The fence
-        (`holds`) follows: extended on success, closed at once on failure or error."""
-        self._held_until = -math.inf
-        held = self._acquire(now)
-        if held:
-            self._held_until = now + self.renew_deadline
+        (`holds`) follows: extended on success, closed at once on failure or error. While the renewal is in flight
+        the deadline of the last one still holds (no other replica may take over before it), so the controller's
+        other writes are not refused meanwhile: on a loaded API server a renewal takes a good part of a second."""
+        try:
+            held = self._acquire(now)
+        except BaseException:
+            self._held_until = -math.inf
+            raise
+        self._held_until = now + self.renew_deadline if held else -math.inf
         return held
 
     def _acquire(self, now: float) -> bool:

@@ -156,7 +156,8 @@ OPERANDS: tuple[Operand, ...] = (
             args=("--disruption",),
             cluster_rules=(
                 rule([""], ["nodes"], ["get", "list", "create", "patch", "delete"]),
-                rule([""], ["nodes/status"], ["patch"]), rule([""], ["pods"], ["list", "delete"]),
+                rule([""], ["nodes/status"], ["patch"]), rule([""], ["pods"], ["get", "list", "patch", "delete"]),
+                rule([""], ["pods/status"], ["patch"]),
                 rule([""], ["pods/eviction"], ["create"]), rule(["kubegpu.io"], ["nodepools"], ["get", "list"]),
                 rule(["kubegpu.io"], ["nodeclaims"], ["get", "list", "create", "patch", "delete"]),
                 rule(["kubegpu.io"], ["nodeclaims/status"], ["patch"]), rule(["apps"], ["daemonsets"], ["list"]),

@@ -71,11 +71,14 @@ def build_account(clients: AwsClients) -> Account:
     ec2, ssm = clients.ec2, clients.ssm
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnets = {}
+    # /20: moto does not give a terminated instance's address back, and one module's crash-point runs (one per write
+    # of a scenario, each launching its nodes afresh) launch more than a /24 holds
     for i, zone in enumerate(("us-east-1a", "us-east-1b")):
-        sid = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+        sid = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{16 * i}.0/20",
+                                AvailabilityZone=zone)["Subnet"]["SubnetId"]
         ec2.create_tags(Resources=[sid], Tags=[{"Key": k, "Value": v} for k, v in DISCOVERY.items()])
         subnets[zone] = sid
-    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.9.0/24", AvailabilityZone="us-east-1c")["Subnet"]
+    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.144.0/24", AvailabilityZone="us-east-1c")["Subnet"]
     assert other["SubnetId"] not in subnets.values()  # untagged: never selected
     sg = ec2.create_security_group(GroupName="nodes", Description="nodes", VpcId=vpc)["GroupId"]
     ec2.create_tags(Resources=[sg], Tags=[{"Key": k, "Value": v} for k, v in DISCOVERY.items()])
