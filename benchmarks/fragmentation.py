@@ -2,6 +2,7 @@
 
     python benchmarks/fragmentation.py --trace-dir DIR [--seeds 42-51] [--variants default,...] [--quick] [--json F]
     python benchmarks/fragmentation.py --artifact DIR --trace-dir DIR [--variants default] [--seeds 42] [--quick]
+    python benchmarks/fragmentation.py --share-packing --trace-dir DIR [--variants ...] [--seeds 42-51]
 
 `--trace-dir DIR`: a checkout of `cluster-trace-gpu-v2023/` (DIR or DIR/csv holding the CSV files). kubegpu replays
 each variant and seed with the paper's protocol (`kubegpu trace replay`) and is set beside the means the artifact
@@ -15,12 +16,16 @@ its FGD experiment run per variant and seed with the paper's flags; kubegpu repl
 same run. Printed: allocation at 100 % and 130 % arrived for both, wall time per experiment, and the ratios. One
 FGD experiment takes about 20 minutes on two cores (about 10,000 placements on 1,213 nodes).
 
+`--share-packing`: instead of replaying, what the sharing tasks alone leave free at 100 % arrived when every one of
+them is placed (`share_packing`): packed offline knowing them all, and a relaxation no such packing beats.
+
 `--quick`: the default variant and seed 42 only (with --trace-dir alone: the five variants of the README's table).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import re
@@ -33,7 +38,7 @@ from pathlib import Path
 
 from kubegpu.errors import KubegpuError
 from kubegpu.sim.trace.reader import read_nodes, read_pods
-from kubegpu.sim.trace.replay import ReplayResult, replay
+from kubegpu.sim.trace.replay import ReplayResult, arrivals, replay
 
 POLICIES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD")
 PUBLISHED: dict[str, tuple[float, ...]] = {
@@ -79,6 +84,60 @@ def _csv_dir(trace_dir: Path) -> Path:
 
 def _kubegpu(csv_dir: Path, variant: str, seed: int, policy: str) -> ReplayResult:
     return replay(read_nodes(csv_dir / NODE_CSV), read_pods(csv_dir / f"openb_pod_list_{variant}.csv"), policy, seed)
+
+
+# --- how high any placement can go ---------------------------------------------------------------------------------
+
+def share_packing(csv_dir: Path, variant: str, seed: int) -> tuple[float, float]:
+    """% of GPUs allocated at 100 % arrived if every sharing task arrived by then is placed: (packed offline,
+    relaxation).
+
+    At 100 % arrived the free GPU thousandths equal the skipped ones, and a GPU holding shares keeps its leftover
+    free unless smaller shares fill it (whole-GPU tasks need a free GPU). Packed offline: the shares arrived by
+    then, all known in advance and placed by best fit in decreasing size, leave this much free. Relaxation: each
+    share above half a GPU needs a GPU of its own, and its leftover takes only shares that fit in it, counted as
+    divisible: no packing that places every share leaves less. CPU, memory, GPU models and whole GPUs only lower
+    both. A placement that turns shares away (the cluster full of them: the gpushare variants) is not bound by
+    either: it gives up their thousandths instead of their leftovers."""
+    state = read_nodes(csv_dir / NODE_CSV)
+    capacity = state.total_gpu_milli
+    shares: list[int] = []
+    arrived = 0
+    for task in arrivals(read_pods(csv_dir / f"openb_pod_list_{variant}.csv"), capacity, seed, 1.3):
+        if arrived >= capacity:
+            break
+        if task.request.shares:
+            shares.append(task.request.gpu_milli)
+        arrived += task.request.gpu_total_milli
+    shares.sort(reverse=True)
+    leftovers: list[int] = []  # free thousandths of each GPU opened, sorted
+    for size in shares:
+        at = bisect.bisect_left(leftovers, size)
+        free = leftovers.pop(at) if at < len(leftovers) else MILLI
+        bisect.insort(leftovers, free - size)
+    gaps = sorted((MILLI - size for size in shares if 2 * size > MILLI), reverse=True)
+    fillable, next_gap, filled = 0, 0, 0
+    for size in (s for s in shares if 2 * s <= MILLI):  # largest first: the gaps that take it only grow
+        while next_gap < len(gaps) and gaps[next_gap] >= size:
+            fillable += gaps[next_gap]
+            next_gap += 1
+        take = min(size, fillable)
+        filled += take
+        fillable -= take
+    return 100.0 * (1 - sum(leftovers) / capacity), 100.0 * (1 - (sum(gaps) - filled) / capacity)
+
+
+def packing(csv_dir: Path, variants: list[str], seeds: list[int]) -> list[dict[str, object]]:
+    rows = []
+    print("| variant | every share placed: packed offline | relaxation |")
+    print("|---|---|---|")
+    for variant in variants:
+        packed, relaxed = zip(*(share_packing(csv_dir, variant, seed) for seed in seeds), strict=True)
+        row = {"variant": variant, "seeds": seeds, "packedOfflineAt100": round(statistics.mean(packed), 3),
+               "relaxationAt100": round(statistics.mean(relaxed), 3)}
+        print(f"| {variant} | {row['packedOfflineAt100']:.2f} | {row['relaxationAt100']:.2f} |", flush=True)
+        rows.append(row)
+    return rows
 
 
 # --- FGD's artifact -----------------------------------------------------------------------------------------------
@@ -219,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43 (default 42-51)")
     parser.add_argument("--policy", default="kubegpu", help="kubegpu's policy to compare (default kubegpu)")
     parser.add_argument("--quick", action="store_true", help="default variant, seed 42 (see the docstring)")
+    parser.add_argument("--share-packing", action="store_true",
+                        help="instead: the allocation if every share is placed, packed offline (see share_packing)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -230,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [v for v in variants if v not in PUBLISHED]
         if unknown:
             raise KubegpuError(f"--variants: {', '.join(unknown)} not in the published table ({', '.join(PUBLISHED)})")
-        if args.artifact:
+        if args.share_packing:
+            rows = packing(csv_dir, variants, seeds)
+        elif args.artifact:
             rows = against_artifact(args.artifact, csv_dir, variants, seeds, args.policy)
         else:
             rows = against_published(csv_dir, variants, seeds, args.policy)

@@ -42,3 +42,17 @@ def test_published_table_and_bad_arguments(capsys: pytest.CaptureFixture[str], t
     assert bench._seeds("42-44,50") == [42, 43, 44, 50]
     assert bench.main(["--trace-dir", str(tmp_path)]) == 1
     assert f"--trace-dir {tmp_path}: no openb_node_list_gpu_node.csv" in capsys.readouterr().err
+
+
+def _trace(tmp_path: Path, gpu_milli: int) -> Path:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,65536,4,T4\n")
+    (tmp_path / "openb_pod_list_one.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1000,1024,1,{gpu_milli}\n" for i in range(3)))
+    return tmp_path
+
+
+def test_share_packing_charges_the_leftover_no_share_can_use(tmp_path: Path) -> None:
+    # 4 GPUs; shares of 810 arrive until 4,050 thousandths: five GPUs' worth of leftovers of 190 that nothing fits
+    assert bench.share_packing(_trace(tmp_path, 810), "one", 42) == (76.25, 76.25)
+    # quarters pack exactly: nothing is left over
+    assert bench.share_packing(_trace(tmp_path, 250), "one", 42) == (100.0, 100.0)
