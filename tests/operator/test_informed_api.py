@@ -62,7 +62,8 @@ def owned(kind: str, api_version: str, name: str, namespace: str | None, policy:
     return {"apiVersion": api_version, "kind": kind, "metadata": meta}
 
 
-def test_an_idle_operator_reads_every_pass_from_informers_and_only_its_own_objects() -> None:
+def counting_store() -> tuple[MemoryCluster, list[str]]:
+    """An in-memory cluster that records the kind of every LIST it serves, with the operator's kinds registered."""
     register_owned_kinds()
     store = MemoryCluster(VirtualClock(0))
     lists: list[str] = []
@@ -73,6 +74,11 @@ def test_an_idle_operator_reads_every_pass_from_informers_and_only_its_own_objec
         return original(kind, *args, **kwargs)
 
     store.list_with_version = counting  # type: ignore[method-assign]
+    return store, lists
+
+
+def test_an_idle_operator_reads_every_pass_from_informers_and_only_its_own_objects() -> None:
+    store, lists = counting_store()
     store.create({"apiVersion": "kubegpu.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"}, "spec": {}})
     store.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
     store.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "team"},
@@ -119,16 +125,7 @@ def test_no_pass_runs_while_the_cache_is_stale() -> None:
 
 
 def test_nodepools_are_informed_from_the_first_pass_that_asks_and_karpenters_once_it_is_served() -> None:
-    register_owned_kinds()
-    store = MemoryCluster(VirtualClock(0))
-    lists: list[str] = []
-    original = store.list_with_version
-
-    def counting(kind: str, *args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
-        lists.append(kind)
-        return original(kind, *args, **kwargs)
-
-    store.list_with_version = counting  # type: ignore[method-assign]
+    store, lists = counting_store()
     store.create({"apiVersion": "kubegpu.io/v1", "kind": "NodePool", "metadata": {"name": "h200"}, "spec": {}})
     http = Discovery(hidden=set(), hidden_versions={"karpenter.sh/v1"})   # no Karpenter installed
     api = LightkubeOperatorApi(client=Client(http))
