@@ -10,9 +10,10 @@ What it adds (each item broke a real client against plain kmock; see reference/d
 - ``timeoutSeconds`` on watches (the stream ends when it passes);
 - discovery entries for every kind in `kubegpu.kube.resources.KINDS`, so listing an empty kind is not a 404.
 
-Still missing (kmock's gaps; the contract suite skips them by name with `kmock_gap`): PUT, label and field selectors
-(ignored), watch resume from a resourceVersion (a watch replays every object as ADDED), strategic merge of lists
-(lists are replaced), and ``/status`` isolation (a status patch can change spec and vice versa).
+Still missing (kmock's gaps; the contract suite checks them on MemoryCluster and on the real API server instead):
+PUT, label and field selectors (ignored), watch resume from a resourceVersion (a watch replays every object as
+ADDED), strategic merge of lists (lists are replaced), and ``/status`` isolation (a status patch can change spec and
+vice versa).
 """
 
 from __future__ import annotations

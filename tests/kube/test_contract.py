@@ -1,14 +1,14 @@
 """One contract, two implementations: MemoryCluster and LightkubeCluster over HTTP against kmock (+ compat).
 
-The only skips are `kmock_gap(...)` calls: behaviour reference/deps.md lists as kmock 0.8's gaps (selectors ignored,
-no watch resume, lists replaced by strategic merge, no status isolation). Those behaviours are still checked here on
-MemoryCluster, and the lightkube side of them is exercised against the same requests.
+What reference/deps.md lists as kmock 0.8's gaps (selectors ignored, no watch resume, lists replaced by strategic
+merge, no status isolation) is checked here on MemoryCluster alone (the `memory` fixture), and the same checks run
+against the real API server through LightkubeCluster in tests/controlplane/test_contract_real.py.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +17,6 @@ from kubegpu.clock import VirtualClock
 from kubegpu.errors import NotFoundError
 from kubegpu.kube import KINDS, ApiError, Cluster, Conflict, Invalid, MemoryCluster, NotFound, WatchEvent, record_event
 from tests.fakes.apiserver import ApiServer
-
-GAP_SELECTORS = "kmock 0.8 ignores labelSelector and fieldSelector (reference/deps.md §1d)"
-GAP_WATCH_RESUME = "kmock 0.8 ignores a watch's resourceVersion and replays every object (reference/deps.md §1d)"
-GAP_STRATEGIC_LISTS = "kmock 0.8 replaces lists in a strategic merge patch (reference/deps.md §1d)"
-GAP_STATUS_ISOLATION = "kmock 0.8 has no /status subresource isolation (reference/deps.md §1d)"
-
-KmockGap = Callable[[str], None]
 
 
 @pytest.fixture(params=["memory", "kmock"])
@@ -44,14 +37,9 @@ def cluster(backend: str, request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def kmock_gap(backend: str) -> KmockGap:
-    """Skip the rest of a test on kmock, naming which of its documented gaps the rest depends on."""
-
-    def gap(reason: str) -> None:
-        if backend == "kmock":
-            pytest.skip(f"kmock gap: {reason}")
-
-    return gap
+def memory() -> Cluster:
+    """MemoryCluster alone, for behaviour kmock lacks (the real API server's side: tests/controlplane/)."""
+    return MemoryCluster(VirtualClock(1_700_000_000.0))
 
 
 def node(name: str, labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
@@ -155,11 +143,10 @@ def test_list_all_namespaces_or_one(cluster: Cluster) -> None:
     assert int(version) >= rv(items[0])
 
 
-def test_label_selectors(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    cluster.create(node("a100", {"gpu": "a100", "mig": "true"}))
-    cluster.create(node("h100", {"gpu": "h100"}))
-    cluster.create(node("cpu"))
-    kmock_gap(GAP_SELECTORS)
+def test_label_selectors(memory: Cluster) -> None:
+    memory.create(node("a100", {"gpu": "a100", "mig": "true"}))
+    memory.create(node("h100", {"gpu": "h100"}))
+    memory.create(node("cpu"))
     cases = {
         "gpu=a100": ["a100"],
         "gpu==h100": ["h100"],
@@ -172,19 +159,18 @@ def test_label_selectors(cluster: Cluster, kmock_gap: KmockGap) -> None:
         "": ["a100", "cpu", "h100"],
     }
     for selector, expected in cases.items():
-        assert names(cluster.list("Node", label_selector=selector)) == expected, selector
+        assert names(memory.list("Node", label_selector=selector)) == expected, selector
 
 
-def test_field_selectors(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    cluster.create(pod("bound", nodeName="n1"))
-    cluster.create(pod("pending"))
-    cluster.create(pod("other", "elsewhere", nodeName="n1"))
-    kmock_gap(GAP_SELECTORS)
-    assert names(cluster.list("Pod", field_selector="spec.nodeName=n1")) == ["bound", "other"]
-    assert names(cluster.list("Pod", "default", field_selector="spec.nodeName=")) == ["pending"]
-    assert names(cluster.list("Pod", field_selector="spec.nodeName!=n1")) == ["pending"]
-    assert names(cluster.list("Pod", field_selector="metadata.name=bound,metadata.namespace==default")) == ["bound"]
-    assert names(cluster.list("Node", field_selector="metadata.name=nothing")) == []
+def test_field_selectors(memory: Cluster) -> None:
+    memory.create(pod("bound", nodeName="n1"))
+    memory.create(pod("pending"))
+    memory.create(pod("other", "elsewhere", nodeName="n1"))
+    assert names(memory.list("Pod", field_selector="spec.nodeName=n1")) == ["bound", "other"]
+    assert names(memory.list("Pod", "default", field_selector="spec.nodeName=")) == ["pending"]
+    assert names(memory.list("Pod", field_selector="spec.nodeName!=n1")) == ["pending"]
+    assert names(memory.list("Pod", field_selector="metadata.name=bound,metadata.namespace==default")) == ["bound"]
+    assert names(memory.list("Node", field_selector="metadata.name=nothing")) == []
 
 
 # ---------------------------------------------------------------- patch
@@ -234,11 +220,10 @@ def test_strategic_merge_patch_merges_maps(cluster: Cluster) -> None:
     assert patched["metadata"]["labels"] == {"a": "1", "b": "2"}
 
 
-def test_strategic_merge_patch_merges_containers_by_name(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    cluster.create(pod("p1"))
-    patched = cluster.patch("Pod", "p1", {"spec": {"containers": [{"name": "sidecar", "image": "envoy"}]}},
+def test_strategic_merge_patch_merges_containers_by_name(memory: Cluster) -> None:
+    memory.create(pod("p1"))
+    patched = memory.patch("Pod", "p1", {"spec": {"containers": [{"name": "sidecar", "image": "envoy"}]}},
                             "default", patch_type="strategic")
-    kmock_gap(GAP_STRATEGIC_LISTS)
     assert [(c["name"], c["image"]) for c in patched["spec"]["containers"]] == [("main", "busybox"),
                                                                                ("sidecar", "envoy")]
 
@@ -259,16 +244,15 @@ def test_generation_counts_spec_changes_only(cluster: Cluster) -> None:
     assert cluster.patch("NodeClaim", "c1", {"spec": {"expireAfter": "720h"}})["metadata"]["generation"] == 2
 
 
-def test_status_subresource_patch(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    cluster.create(pod("p1"))
-    patched = cluster.patch("Pod", "p1", {"status": {"phase": "Running"}}, "default", subresource="status")
+def test_status_subresource_patch(memory: Cluster) -> None:
+    memory.create(pod("p1"))
+    patched = memory.patch("Pod", "p1", {"status": {"phase": "Running"}}, "default", subresource="status")
     assert patched["status"]["phase"] == "Running"
-    assert cluster.get("Pod", "p1")["status"]["phase"] == "Running"
-    kmock_gap(GAP_STATUS_ISOLATION)
-    after_main = cluster.patch("Pod", "p1", {"status": {"phase": "Failed"}, "metadata": {"labels": {"x": "y"}}})
+    assert memory.get("Pod", "p1")["status"]["phase"] == "Running"
+    after_main = memory.patch("Pod", "p1", {"status": {"phase": "Failed"}, "metadata": {"labels": {"x": "y"}}})
     assert after_main["status"]["phase"] == "Running"
     assert after_main["metadata"]["labels"] == {"x": "y"}
-    after_status = cluster.patch("Pod", "p1", {"spec": {"nodeName": "n9"}, "status": {"phase": "Succeeded"}},
+    after_status = memory.patch("Pod", "p1", {"spec": {"nodeName": "n9"}, "status": {"phase": "Succeeded"}},
                                  "default", subresource="status")
     assert "nodeName" not in after_status["spec"]
     assert after_status["status"]["phase"] == "Succeeded"
@@ -346,21 +330,19 @@ def test_watch_timeout_zero_yields_what_is_there_and_returns(cluster: Cluster) -
     assert take(cluster.watch("Node", timeout=0), 10) == [("ADDED", "n1"), ("ADDED", "n2")]
 
 
-def test_watch_from_resource_version_skips_older_events(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    cluster.create(node("old"))
-    _, version = cluster.list_with_version("Node")
-    cluster.create(node("new"))
-    cluster.patch("Node", "old", {"metadata": {"labels": {"a": "b"}}})
-    kmock_gap(GAP_WATCH_RESUME)
-    assert take(cluster.watch("Node", resource_version=version, timeout=0), 10) == [("ADDED", "new"),
+def test_watch_from_resource_version_skips_older_events(memory: Cluster) -> None:
+    memory.create(node("old"))
+    _, version = memory.list_with_version("Node")
+    memory.create(node("new"))
+    memory.patch("Node", "old", {"metadata": {"labels": {"a": "b"}}})
+    assert take(memory.watch("Node", resource_version=version, timeout=0), 10) == [("ADDED", "new"),
                                                                                     ("MODIFIED", "old")]
 
 
-def test_watch_with_label_selector(cluster: Cluster, kmock_gap: KmockGap) -> None:
-    kmock_gap(GAP_SELECTORS)
-    cluster.create(node("gpu", {"gpu": "true"}))
-    cluster.create(node("cpu"))
-    assert take(cluster.watch("Node", label_selector="gpu=true", timeout=0), 10) == [("ADDED", "gpu")]
+def test_watch_with_label_selector(memory: Cluster) -> None:
+    memory.create(node("gpu", {"gpu": "true"}))
+    memory.create(node("cpu"))
+    assert take(memory.watch("Node", label_selector="gpu=true", timeout=0), 10) == [("ADDED", "gpu")]
 
 
 # ---------------------------------------------------------------- events
