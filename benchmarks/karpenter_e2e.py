@@ -24,7 +24,6 @@ import calendar
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from kubegpu.files import write_durable
 from kubegpu.testing import controlplane
 from kubegpu.testing.controlplane import free_port
 from kubegpu.testing.kubeconfig import admin_client
+from kubegpu.testing.processes import stop_child
 from kubegpu.testing.session import RealCluster, install_crds, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,14 +298,7 @@ def start_kubegpu(real: RealCluster, directory: Path, types_file: Path, extra: S
 
 def stop(launched: Launched) -> None:
     """SIGTERM the autoscaler's process group, SIGKILL after 20 s; always reaps it."""
-    process = launched.process
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(20)
+    stop_child(launched.process, 20)
 
 
 # ------------------------------------------------------------------------------------------------ measuring

@@ -13,6 +13,7 @@ import pytest
 
 from kubegpu.kube import Cluster, LightkubeCluster
 from kubegpu.testing.session import RealCluster
+from tests.kube.test_contract import LABEL_SELECTOR_CASES
 
 MARK = "kubegpu.io/contract-test"
 
@@ -47,17 +48,7 @@ def test_label_selectors(cluster: LightkubeCluster) -> None:
     cluster.create(node("a100", {"gpu": "a100", "mig": "true"}))
     cluster.create(node("h100", {"gpu": "h100"}))
     cluster.create(node("cpu"))
-    cases = {
-        "gpu=a100": ["a100"],
-        "gpu==h100": ["h100"],
-        "gpu!=a100": ["cpu", "h100"],
-        "gpu in (a100,h100)": ["a100", "h100"],
-        "gpu notin (a100)": ["cpu", "h100"],
-        "mig": ["a100"],
-        "!mig": ["cpu", "h100"],
-        "gpu,!mig": ["h100"],
-    }
-    for selector, expected in cases.items():
+    for selector, expected in LABEL_SELECTOR_CASES.items():
         assert names(cluster.list("Node", label_selector=f"{MARK},{selector}")) == expected, selector
 
 

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from kubegpu.autoscaler import labels as L
 from kubegpu.autoscaler.instancetypes import to_kwok
 from kubegpu.kube import NotFound
 from kubegpu.kube.lightkube_cluster import LightkubeCluster
+from kubegpu.testing.processes import stop_child
 from kubegpu.testing.session import RealCluster, WaitTimeout, wait_for
 from tests.autoscaler.builders import instance_type, nodepool
 
@@ -93,13 +93,7 @@ def autoscaler(real_cluster: RealCluster, namespace: str, crds: list[str], tmp_p
         with contextlib.suppress(WaitTimeout):
             wait_for(lambda: not any(c["metadata"].get("labels", {}).get(L.NODEPOOL_LABEL) == pool
                                      for c in api.list("NodeClaim")), "the test's NodeClaims terminated", 60)
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(20)
+        stop_child(process, 20)
         log.close()
         api.delete("NodePool", pool)
 

@@ -143,22 +143,25 @@ def test_list_all_namespaces_or_one(cluster: Cluster) -> None:
     assert int(version) >= rv(items[0])
 
 
+# Nodes a100 {gpu: a100, mig: "true"}, h100 {gpu: h100} and cpu {}: what each selector lists (also run against the
+# real API server by tests/controlplane/test_contract_real.py).
+LABEL_SELECTOR_CASES = {
+    "gpu=a100": ["a100"],
+    "gpu==h100": ["h100"],
+    "gpu!=a100": ["cpu", "h100"],
+    "gpu in (a100,h100)": ["a100", "h100"],
+    "gpu notin (a100)": ["cpu", "h100"],
+    "mig": ["a100"],
+    "!mig": ["cpu", "h100"],
+    "gpu,!mig": ["h100"],
+}
+
+
 def test_label_selectors(memory: Cluster) -> None:
     memory.create(node("a100", {"gpu": "a100", "mig": "true"}))
     memory.create(node("h100", {"gpu": "h100"}))
     memory.create(node("cpu"))
-    cases = {
-        "gpu=a100": ["a100"],
-        "gpu==h100": ["h100"],
-        "gpu!=a100": ["cpu", "h100"],
-        "gpu in (a100,h100)": ["a100", "h100"],
-        "gpu notin (a100)": ["cpu", "h100"],
-        "mig": ["a100"],
-        "!mig": ["cpu", "h100"],
-        "gpu,!mig": ["h100"],
-        "": ["a100", "cpu", "h100"],
-    }
-    for selector, expected in cases.items():
+    for selector, expected in {**LABEL_SELECTOR_CASES, "": ["a100", "cpu", "h100"]}.items():
         assert names(memory.list("Node", label_selector=selector)) == expected, selector
 
 

@@ -27,6 +27,7 @@ from kubegpu.kube.errors import NotFound
 from kubegpu.kube.resources import ResourceKind, register_kind
 from kubegpu.testing.nodeconfig import NODE_NAME
 from kubegpu.testing.nodeimages import TEST_IMAGE
+from kubegpu.testing.processes import stop_child
 from kubegpu.testing.realnode import DEVICE_CLASS  # noqa: F401 - registers the kind for tests
 from kubegpu.testing.session import WaitTimeout, wait_for
 
@@ -255,15 +256,8 @@ class Agent:
             raise WaitTimeout(f"{exc}; its log ends: {self.log()[-1500:]!r}") from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout)
+        if self.process is not None:
+            stop_child(self.process, timeout, sig)
         if self._log is not None:
             self._log.close()
             self._log = None

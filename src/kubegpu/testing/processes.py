@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,3 +147,18 @@ def stop_orphans_serving(directory: Path, marker: str = "kubegpu") -> list[tuple
         else:
             foreign.append((path, pid, cmdline))
     return foreign
+
+
+def stop_child(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S,
+               signum: int = signal.SIGTERM) -> None:
+    """Signal (SIGTERM) a child started with its own session (its process group), SIGKILL after `timeout`; always
+    reaps it. For processes a test or benchmark spawned itself, not the ones a control plane recorded in DIR/pids."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout)
