@@ -21,7 +21,6 @@ import pytest
 from kubegpu.autoscaler.catalog import shipped_catalogue
 from kubegpu.autoscaler.controller import Autoscaler, Options
 from kubegpu.autoscaler.provider import SimulatedProvider
-from kubegpu.autoscaler.scheduler import NODE_COST
 from kubegpu.clock import RealClock
 from kubegpu.kube import NotFound
 from kubegpu.testing.session import RealCluster, WaitTimeout, wait_for
@@ -63,8 +62,9 @@ def test_a_gpu_burst_is_all_bound_by_kube_scheduler_with_no_empty_nodeclaim(
     clock = RealClock()
     provider = SimulatedProvider(cluster, shipped_catalogue(), clock, registration_delay=0.5, parallelism=16)
     lines: list[str] = []
-    # the command's settings: parallel launches and its default node cost (none: the cheapest plan)
-    options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16, node_cost=NODE_COST)
+    # the command's parallel launches; no node cost (the cheapest plan mixes 1-, 4- and 8-GPU nodes, the shape that
+    # invites the spread; the command's default node cost buys mostly 8-GPU ones)
+    options = Options(batch_idle=0.5, batch_max=3.0, disruption=False, parallelism=16, node_cost=0.0)
     scaler = Autoscaler(cluster, provider, clock, options, log=lines.append)
     stop = threading.Event()
     stopped = asyncio.Event()

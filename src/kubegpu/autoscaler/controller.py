@@ -58,7 +58,7 @@ class Options:
     evict_pods: bool = True   # drain through the cluster (False: the provider's delete evicts, as the simulator's)
     parallelism: int = 1      # NodeClaim creations, launches and registrations at a time (the command: 16)
     surplus_grace: float = 3.0   # an unused NodeClaim bought for pods that landed elsewhere goes after this long
-    node_cost: float = 0.0       # $/h each new node costs beyond its price, in the plan's objective (see run_pass)
+    node_cost: float = 0.0       # $/h each new node costs beyond its price (see run_pass); the commands pass NODE_COST
 
 
 class Upkeep(Protocol):
