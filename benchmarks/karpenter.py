@@ -222,8 +222,8 @@ Not comparable, stated plainly:
   peak RSS is the process's high-water mark (VmHWM) at the end.
 - Pods lost: pods deleted after binding (kube-controller-manager's taint eviction racing the unregistered taint,
   kubernetes#119862); they count as bound for the timing.
-- kubegpu's default plan is the cheapest (`--node-cost 0`); a column named with flags ran with them
-  (`--kubegpu-args`, e.g. `--node-cost 1`: fewer, bigger nodes for a little more, docs/autoscaler.md)."""
+- kubegpu's defaults weigh $6/h per new node (`--node-cost 6`: a burst goes onto 8-GPU nodes); a column named with
+  flags ran with them (`--kubegpu-args`, e.g. `--node-cost 0`: the cheapest plan by price, docs/autoscaler.md)."""
 
 
 def run_e2e(args: argparse.Namespace) -> int:
@@ -320,7 +320,7 @@ def main() -> int:
     e2e.add_argument("--systems", default="kubegpu,karpenter",
                      help="comma-separated autoscalers to run (default both, alternating); one alone to iterate")
     e2e.add_argument("--kubegpu-args", action="append", default=None,
-                     help="further `kubegpu autoscaler` flags, e.g. '--node-cost 6'; given again, another kubegpu "
+                     help="further `kubegpu autoscaler` flags, e.g. '--node-cost 0'; given again, another kubegpu "
                           "variant in the same A/B rotation (use '' for the defaults)")
     e2e.add_argument("--dra-share", type=float, default=0.0,
                      help="share of pods whose GPUs come only through DRA claims (whole GPUs, MIG partitions, a pair "

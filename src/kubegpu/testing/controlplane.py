@@ -55,6 +55,10 @@ SCHEDULER_QPS, SCHEDULER_BURST = 500, 1000
 # that admission puts on every new Node, a GET and a PATCH per node, so at the default a burst of new nodes becomes
 # schedulable at about 5 nodes a second whatever launched them
 CONTROLLER_MANAGER_QPS, CONTROLLER_MANAGER_BURST = 500, 1000
+# kwok's workers per stage kind (its default 4): every kwok node's heartbeat is a status patch every 20-45 s, so with
+# hundreds of nodes four workers spend their time on heartbeats and new nodes wait minutes for their first Ready,
+# where each real node has a kubelet of its own
+KWOK_PARALLELISM = 32
 KUBECONFIG = "kubeconfig"
 # API versions served besides the defaults: DRA's older and alpha versions, and the Workload/PodGroup API that the
 # GenericWorkload gate (a dependency of DRAWorkloadResourceClaims) makes kube-scheduler watch — without it the
@@ -307,8 +311,12 @@ def _start(directory: Path, bins: Path, launcher: _Launcher,
         *delegated, f"--secure-port={ports['kube-scheduler']}", f"--cert-dir={directory / 'pki' / 'scheduler'}",
         *scheduling,
     ])
+    kwok_config = directory / "kwok.yaml"
+    write_durable(kwok_config, yaml.safe_dump({
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+        "options": {"nodePlayStageParallelism": KWOK_PARALLELISM, "podPlayStageParallelism": KWOK_PARALLELISM}}))
     launcher.start("kwok", [
-        f"--kubeconfig={kubeconfig}", f"--config={bins / k8sbuild.KWOK_STAGES}",
+        f"--kubeconfig={kubeconfig}", f"--config={bins / k8sbuild.KWOK_STAGES}", f"--config={kwok_config}",
         f"--manage-nodes-with-annotation-selector={KWOK_SELECTOR}", f"--server-address={HOST}:{ports['kwok']}",
         "--cidr=10.64.0.1/12", f"--node-ip={HOST}",
     ])
