@@ -6,17 +6,25 @@ REAL kube-scheduler allocates the claims there and binds the pods — beside ext
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubegpu.autoscaler.controller import Autoscaler, Options
+from kubegpu.autoscaler.instancetypes import to_kwok
 from kubegpu.autoscaler.provider import SimulatedProvider
 from kubegpu.clock import RealClock
 from kubegpu.dra.classes import shipped_class_objects
 from kubegpu.kube import ApiError, NotFound
+from kubegpu.testing.processes import stop_child
 from kubegpu.testing.session import RealCluster, WaitTimeout, wait_for
 from tests.autoscaler.builders import instance_type, nodepool, pod
 
@@ -27,6 +35,7 @@ TYPES = [instance_type("cpu.x8", 8, 32, 0.40),
          instance_type("a100.x2", 16, 128, 8.0, gpus=2, model=A100),
          instance_type("h100.x1", 8, 64, 6.0, gpus=1, model=H100)]
 POOL_LABEL = "kubegpu.io/nodepool"
+DEVICE_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra" / "deviceclasses.yaml"
 PRODUCT = "device.attributes['gpu.nvidia.com'].productName"
 
 
@@ -141,3 +150,62 @@ def test_claim_pods_and_extended_resource_pods_all_bind_on_nodes_the_autoscaler_
     made = [c for c in cluster.list("ResourceClaim", namespace) if c["metadata"]["name"].startswith("pair-0")]
     devices = [r["device"] for r in made[0]["status"]["allocation"]["devices"]["results"]]
     assert len(devices) == 2 and len({d.split("-mig-")[0] for d in devices}) == 1
+
+
+def test_the_command_buys_nodes_for_pods_whose_gpus_come_only_from_claim_templates(
+        real_cluster: RealCluster, namespace: str, crds: list[str], tmp_path: Path) -> None:
+    """As a user runs it: the shipped DeviceClasses applied from their file, `kubegpu autoscaler --instance-types FILE
+    --registration-delay 0` in its own process with its defaults, and pods whose GPUs come only from
+    ResourceClaimTemplates of classes `gpu.nvidia.com` and `mig.nvidia.com`: every pod bound, on nodes it bought."""
+    cluster = real_cluster.cluster()
+    for device_class in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+        with contextlib.suppress(ApiError):   # the session's other DRA tests may have made them already
+            cluster.create(device_class)
+    pool = f"cmd-{uuid.uuid4().hex[:6]}"
+    placement = {"nodeSelector": {"e2e-pool": pool},
+                 "tolerations": [{"key": "e2e-pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"}]}
+    cluster.create(nodepool(pool, labels={"e2e-pool": pool}, taints=[{"key": "e2e-pool", "value": pool,
+                                                                       "effect": "NoSchedule"}],
+                            disruption={"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never"}))
+    types = tmp_path / "instance-types.json"
+    types.write_text(json.dumps(to_kwok(TYPES)))
+    log = (tmp_path / "autoscaler.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kubegpu", "autoscaler", "--instance-types", str(types), "--registration-delay", "0",
+         "--metrics-address", "", "--identity", pool, "--lease-namespace", namespace],
+        env={**os.environ, **real_cluster.env()}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for name, spec in (("whole", TEMPLATES["h100"]), ("pair", TEMPLATES["pair"])):
+            cluster.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                            "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": spec}})
+        names = [f"{template}-{i}" for template in ("whole", "pair") for i in range(3)]
+        for name in names:
+            cluster.create(pod(name, cpu="500m", memory="1Gi", namespace=namespace,
+                               spec={**placement, "resourceClaims": [
+                                   {"name": "gpu", "resourceClaimTemplateName": name.split("-")[0]}],
+                                     "containers": [{"name": "main", "image": "x", "resources": {
+                                         "requests": {"cpu": "500m", "memory": "1Gi"}, "claims": [{"name": "gpu"}]}}]}))
+
+        def bound() -> dict[str, str] | None:
+            if process.poll() is not None:
+                raise AssertionError(f"the autoscaler exited {process.returncode}: "
+                                     f"{(tmp_path / 'autoscaler.log').read_text()[-2000:]}")
+            where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.list("Pod", namespace)}
+            return where if all(where.get(n) for n in names) else None
+
+        where = wait_for(bound, "every claim pod bound", 180, interval=0.5)
+        nodes = {n["metadata"]["name"]: n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+                 for n in cluster.list("Node") if (n["metadata"].get("labels") or {}).get(POOL_LABEL) == pool}
+        assert set(where.values()) <= set(nodes)   # on nodes the command bought for this pool
+        assert {nodes[where[f"whole-{i}"]] for i in range(3)} == {"h100.x1"}   # the only H100 type
+    finally:
+        for claim in cluster.list("NodeClaim"):
+            if (claim["metadata"].get("labels") or {}).get(POOL_LABEL) == pool:
+                with contextlib.suppress(NotFound):
+                    cluster.delete("NodeClaim", claim["metadata"]["name"])
+        with contextlib.suppress(WaitTimeout):
+            wait_for(lambda: not any((c["metadata"].get("labels") or {}).get(POOL_LABEL) == pool
+                                     for c in cluster.list("NodeClaim")), "the test's NodeClaims terminated", 60)
+        stop_child(process, 20)
+        log.close()
+        cluster.delete("NodePool", pool)
