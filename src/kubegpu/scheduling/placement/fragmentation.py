@@ -261,7 +261,7 @@ KUBEGPU_SHAPES = 64
 """kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
 SCARCITY_WEIGHT = 3.0
 """Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
-FGD_STEP = 300.0
+FGD_STEP = 600.0
 """Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
 FGD_ONLY = 1e7
 """... for shares and multi-GPU tasks: more than kubegpu's measure can move (it stays below a million thousandths)."""
