@@ -142,6 +142,19 @@ def test_kubegpu_leaves_a_scarce_model_to_the_tasks_pinned_to_it() -> None:
     assert _decide("kubegpu", state, free, [pinned] * 8 + [free] * 2).node == 1
 
 
+def test_kubegpu_ranks_a_share_by_fgds_score_before_its_own_measure() -> None:
+    # node a keeps 15 cores; a 600 share there leaves 7, too few for another 8-core share, so FGD's one-copy test
+    # counts all of a's free GPUs as fragment (score 38) against a fresh GPU on b (score 40). kubegpu's capacity
+    # measure grows less on a and, were it worth more than one FGD step, would pack the share there; for shares
+    # (and multi-GPU tasks) FGD's score decides and kubegpu's measure only breaks its ties.
+    state = state_from_nodes([("a", "T4", 16_000, 64_000, 4), ("b", "T4", 32_000, 64_000, 4)])
+    state.apply(Request(1_000, 1, 1, 300), Placement(0, (0,)))
+    share = Request(8_000, 1, 1, 600)
+    workload = [share] * 2 + [Request(4_000, 1, 2, 1000)] * 5
+    assert _decide("fgd", state, share, workload).node == 1
+    assert _decide("kubegpu", state, share, workload) == Placement(1, (0,))
+
+
 def test_kubegpu_learns_the_workload_when_none_is_given() -> None:
     state = state_from_nodes([("a", "T4", 64_000, 64_000, 2)])
     state.apply(Request(1_000, 1, 1, 300), Placement(0, (0,)))

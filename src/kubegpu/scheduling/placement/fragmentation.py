@@ -156,8 +156,9 @@ class _GradientPolicy:
     def _target(self, state: ClusterState) -> Workload:
         raise NotImplementedError
 
-    def _node_score(self, delta: FloatArray) -> FloatArray:
-        """Higher is better; from the growth of fragmentation each candidate causes."""
+    def _node_score(self, delta: FloatArray, request: Request) -> FloatArray:
+        """Higher is better; from the growth of fragmentation each candidate causes when it takes `request`."""
+        del request
         return -delta
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
@@ -194,7 +195,7 @@ class _GradientPolicy:
         elif len(stale):
             cpu, memory, gpu, index = _after(state, stale, request)
             rows = self._measure(workload, cpu, memory, gpu, state.model[stale], stale)
-            score[stale] = self._node_score(rows - self._base[stale])
+            score[stale] = self._node_score(rows - self._base[stale], request)
             gpu_choice[stale] = index
         version[stale] = state.version[stale]
         return score, gpu_choice
@@ -214,7 +215,7 @@ class _GradientPolicy:
         picked = nodes[pick_row]
         measured = self._measure(workload, state.cpu_free[picked] - request.cpu_milli,
                                  state.memory_free[picked] - request.memory_mib, gpu, state.model[picked], picked)
-        value = self._node_score(measured - self._base[picked])
+        value = self._node_score(measured - self._base[picked], request)
         table = np.full(free.shape, -np.inf)
         table[row, column] = value[inverse.reshape(-1)]
         best = table.argmax(axis=1)
@@ -232,6 +233,11 @@ class _GradientPolicy:
         return Placement(node, tuple(int(g) for g in np.flatnonzero(free == MILLI)[: request.gpu_count]))
 
 
+def _fgd_integer(delta: FloatArray) -> FloatArray:
+    """FGD's node score: sigmoid of the fragmentation decrease in whole GPUs, as kube-scheduler's 0..100 integers."""
+    return np.floor(100.0 / (1.0 + np.exp(delta / 1000.0)))
+
+
 class FgdPolicy(_GradientPolicy):
     """FGD as the paper runs it: the target workload is the popular shapes of the whole task list (fixed), a
     node's score is sigmoid(fragmentation decrease / 1000) scaled to kube-scheduler's 0..100 integers, the GPU of a
@@ -241,8 +247,9 @@ class FgdPolicy(_GradientPolicy):
     def _target(self, state: ClusterState) -> Workload:
         return Workload.from_counts(typical_shapes(self._context.workload), state.model_names)
 
-    def _node_score(self, delta: FloatArray) -> FloatArray:
-        return np.floor(100.0 / (1.0 + np.exp(delta / 1000.0)))
+    def _node_score(self, delta: FloatArray, request: Request) -> FloatArray:
+        del request
+        return _fgd_integer(delta)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
@@ -254,8 +261,10 @@ KUBEGPU_SHAPES = 64
 """kubegpu's target workload keeps at most this many shapes (the most popular), bounding a decision's cost."""
 SCARCITY_WEIGHT = 3.0
 """Thousandths of fragment charged per GPU thousandth taken on a model, per unit of that model's excess demand."""
-FGD_STEP = 300.0
+FGD_STEP = 600.0
 """Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
+FGD_ONLY = 1e7
+"""... for shares and multi-GPU tasks: more than kubegpu's measure can move (it stays below a million thousandths)."""
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
@@ -264,13 +273,15 @@ REMEMBERED = 20_000
 """... from the most recent this many (a long-running scheduler forgets old shapes and stays bounded)."""
 
 
-def node_scarcity(requests: Sequence[Request], state: ClusterState) -> FloatArray:
+def node_scarcity(requests: Sequence[Request], state: ClusterState, sizes: bool = True) -> FloatArray:
     """Per node: how much more GPU demand per GPU its kind of node (model, CPU, memory, GPU count) faces than the
     least-demanded kind. Each request's demand is spread over the capacity of the kinds it could run on when empty
     (its allowed models, and nodes big enough for its CPU, memory and GPU count), so a task pinned to a small model,
-    or too big for most nodes, presses hard on the few that can take it, and a small unpinned one presses evenly."""
-    keys = list(zip(state.model.tolist(), state.cpu_capacity.tolist(), state.memory_capacity.tolist(),
-                    state.gpu_count.tolist(), strict=True))
+    or too big for most nodes, presses hard on the few that can take it, and a small unpinned one presses evenly.
+    With `sizes=False` a kind is the GPU model alone: only model pins make scarcity."""
+    unbounded = [np.iinfo(np.int64).max] * len(state)
+    keys = list(zip(state.model.tolist(), *((column.tolist() if sizes else unbounded) for column in (
+        state.cpu_capacity, state.memory_capacity, state.gpu_count)), strict=True))
     kinds = sorted(set(keys))
     kind_of = np.array([kinds.index(k) for k in keys], dtype=np.int64)
     model = np.array([k[0] for k in kinds])
@@ -302,8 +313,10 @@ class KubegpuPolicy(_GradientPolicy):
       biggest nodes to the tasks only they can hold.
     - The popularity model is the expected workload when given, else learned from the requests seen so far and
       rebuilt every `RELEARN_EVERY` requests.
-    - Candidates rank by FGD's integer score, each step worth `FGD_STEP` thousandths of kubegpu's measure (see
-      `_node_score`); ties go to the smallest node name.
+    - A whole single GPU or a CPU-only task: candidates rank by FGD's integer score, each step worth `FGD_STEP`
+      thousandths of kubegpu's measure. A share or a multi-GPU task: by FGD's integer score alone, with the
+      scarcity of GPU models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). Ties go
+      to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:
@@ -311,6 +324,7 @@ class KubegpuPolicy(_GradientPolicy):
         self._seen: deque[Request] = deque(maxlen=REMEMBERED)
         self._asked = 0
         self._scarcity: FloatArray = np.zeros(0)
+        self._model_scarcity: FloatArray = np.zeros(0)
         self._fgd_workload: Workload | None = None
 
     def _known(self) -> Sequence[Request]:
@@ -321,24 +335,33 @@ class KubegpuPolicy(_GradientPolicy):
         counts = typical_shapes(requests, memory=True)
         kept = dict(sorted(counts.items(), key=lambda item: -item[1])[:KUBEGPU_SHAPES])
         self._scarcity = node_scarcity(requests, state)
+        self._model_scarcity = node_scarcity(requests, state, sizes=False)
         self._fgd_workload = Workload.from_counts(typical_shapes(requests), state.model_names)
         return Workload.from_counts(kept, state.model_names)
 
     def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray,
                  nodes: IntArray) -> FloatArray:
-        """Two columns: FGD's measure (its own popular shapes) and kubegpu's (see the class)."""
+        """Three columns: FGD's measure (its own popular shapes), kubegpu's (see the class), and the charge for
+        the node's GPU model being in short supply (`node_scarcity` by model alone)."""
         assert self._fgd_workload is not None
         free = gpu.sum(axis=1)
         ours = (CAPACITY_WEIGHT * capacity_fragmentation(workload, cpu, memory, gpu, model)
                 + fragmentation(workload, cpu, memory, gpu, model)
                 - SCARCITY_WEIGHT * self._scarcity[nodes] * free)
-        return np.stack([fragmentation(self._fgd_workload, cpu, memory, gpu, model), ours], axis=1)
+        pinned = -SCARCITY_WEIGHT * self._model_scarcity[nodes] * free
+        return np.stack([fragmentation(self._fgd_workload, cpu, memory, gpu, model), ours, pinned], axis=1)
 
-    def _node_score(self, delta: FloatArray) -> FloatArray:
-        """FGD's integer score (sigmoid of its gradient, 0..100), each step worth `FGD_STEP` thousandths of
-        kubegpu's measure: among candidates FGD ranks alike, kubegpu's gradient decides."""
-        fgd = np.floor(100.0 / (1.0 + np.exp(delta[:, 0] / 1000.0)))
-        return np.asarray(fgd * FGD_STEP - delta[:, 1], dtype=np.float64)
+    def _node_score(self, delta: FloatArray, request: Request) -> FloatArray:
+        """A whole single GPU (or no GPU): FGD's integer score (sigmoid of its gradient, 0..100), each step worth
+        `FGD_STEP` thousandths of kubegpu's measure, so among candidates FGD ranks alike kubegpu's gradient decides.
+        A share or a multi-GPU task: FGD's integer score of its gradient plus the model-scarcity charge decides,
+        kubegpu's measure only breaks its ties. Measured on Alibaba's trace (docs/benchmarks.md): kubegpu's
+        capacity and node-size terms overriding FGD's ranking pay for single whole GPUs (they keep the CPU and the
+        big nodes the GPUs around them need) but cost on shares and multi-GPU tasks, where FGD's one-copy test of
+        the leftover already decides what stays usable; the model charge keeps pinned models for pinned tasks."""
+        if request.shares or request.gpu_count > 1:
+            return np.asarray(_fgd_integer(delta[:, 0] + delta[:, 2]) * FGD_ONLY - delta[:, 1], dtype=np.float64)
+        return np.asarray(_fgd_integer(delta[:, 0]) * FGD_STEP - delta[:, 1], dtype=np.float64)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
