@@ -7,7 +7,7 @@ that follows each (the worst case; the default interval is 30 s). Prints p50/p99
 ratio against its target (50 ms, 80 MiB), and the p99 against the time bare prometheus_client takes to render the
 same series in this process — the floor any Python exporter sits on.
 
-Then the hostile network (issue 26), each case beside 50 concurrent scrapers (2,000 scrapes, each on a new
+Then the hostile network, each case beside 50 concurrent scrapers (2,000 scrapes, each on a new
 connection): no hostile client (the baseline), 200 connections that send part of a header and wait (reopened when
 closed), 2,000 silent connections, a request trickled one byte per 100 ms, requests with a 1 MiB header. Each row:
 p50/p99, errors, the exporter's RSS, and p99 and RSS as ratios against the baseline row of the same run.

@@ -14,11 +14,11 @@ Three suites (`--suite classic|hard|timing|all`):
         stay, the static layout's colliding instances are re-placed where they fit or dropped; pods matched
         greedily, never re-cutting;
       - no re-cut: the current layout's free instances, as they are.
-  * hard (issue 16): random earlier layouts on ~80 % of GPUs, 10-80 % in use, demand above free capacity, mostly
+  * hard: random earlier layouts on ~80 % of GPUs, 10-80 % in use, demand above free capacity, mostly
     small profiles, some pods with priorities and node selectors, 1 to 512 GPUs; exact and greedy against the
     reference optimum, whether the exact plan is proven optimal, and instances created plus destroyed for both.
   * timing: the exact planner on 1,000 pending pods and 512 GPUs, median of 3 (wall and CPU seconds).
-  * fleet (issue 28): 5,000 pending pods over 4,096 GPUs (mixed A100/H100, earlier layouts, 10-80 % in use), and
+  * fleet: 5,000 pending pods over 4,096 GPUs (mixed A100/H100, earlier layouts, 10-80 % in use), and
     the same fleet with 14,000 (demand above what a re-cut serves); the exact planner (cold and warm), the greedy and
     `kubegpu plan --state FILE -o json` end to end (a fresh process) against the LP bound of the reference model,
     and each against the greedy, with wall and CPU time.
@@ -342,7 +342,7 @@ def classic(args: argparse.Namespace) -> bool:
     return worst >= 0.99
 
 
-# --- hard states (issue 16) -------------------------------------------------------------------------------------
+# --- hard states -------------------------------------------------------------------------------------
 
 HARD_MIX = {"1g": 45, "1g.double": 10, "2g": 25, "3g": 8, "4g": 6, "7g": 6}
 MIXES = [["A100-SXM4-80GB"], ["H100-SXM5-80GB"], ["A100-SXM4-80GB", "A30-24GB"],

@@ -1,4 +1,4 @@
-"""Required pod anti-affinity against pods already on a node, by matchLabels and by matchExpressions (issue 27).
+"""Required pod anti-affinity against pods already on a node, by matchLabels and by matchExpressions.
 
 kube-scheduler never binds a pod next to a pod its required hostname anti-affinity selects; a provisioning pass that
 plans it there leaves the pod pending while the autoscaler counts it as served.

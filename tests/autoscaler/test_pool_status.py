@@ -1,4 +1,4 @@
-"""NodePool status as Karpenter writes it (issue 26): `ValidationSucceeded`, `NodeClassReady`, the root `Ready` and
+"""NodePool status as Karpenter writes it: `ValidationSucceeded`, `NodeClassReady`, the root `Ready` and
 `status.resources`; a pool whose NodeClass is not ready launches nothing and says why, and recovers when it is."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Re-planning from where pods landed (issue 26) on the in-memory cluster: kube-scheduler is played by hand, putting
+"""Re-planning from where pods landed on the in-memory cluster: kube-scheduler is played by hand, putting
 pods where the autoscaler did not nominate them (as the real one's default profile does: small pods on big empty
 nodes). Displaced pods go to free capacity that exists or is in flight before anything is bought; a NodeClaim whose
 pods went elsewhere is deleted once nothing needs it, never while a pending pod does, and never one that was used."""
@@ -83,7 +83,7 @@ def test_an_unused_claim_is_deleted_and_the_displaced_pod_gets_what_it_needs() -
 
 
 def test_an_unused_claim_is_cordoned_first_and_kept_if_a_pod_lands_meanwhile() -> None:
-    # issue 26, seen on the real control plane: the claim was judged unused in the same instant kube-scheduler bound
+    # seen on the real control plane: the claim was judged unused in the same instant kube-scheduler bound
     # a pod to its node, and deleting it evicted the pod (lost). Now the node is cordoned first and the claim goes
     # only once a later view still shows it cordoned and empty; a pod that landed before the cordon keeps it.
     h, x1 = small_pod_lands_on_the_big_node()
@@ -174,7 +174,7 @@ def test_an_empty_node_a_pending_pod_could_take_is_not_let_go() -> None:
 
 
 def test_a_burst_of_unused_claims_is_cordoned_and_let_go_together_one_cordon_each() -> None:
-    # issue 26 at 2,000 pods: the burst ended with ~300 unused claims, cordoned and terminated one API call at a
+    # at 2,000 pods: the burst ended with ~300 unused claims, cordoned and terminated one API call at a
     # time, so ~150 were still there 10 s after the last bind. Now one pass sends them `parallelism` at a time,
     # and the cordon a termination would lay again is not written twice.
     h = Harness([instance_type("cpu.4", 4, 16, 0.2)], registration_delay=0.0, batch_idle=1.0, batch_max=3.0,

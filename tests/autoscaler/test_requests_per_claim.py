@@ -1,4 +1,4 @@
-"""The API requests one NodeClaim costs from creation to an initialized Node (issue 26: kubegpu buys more, smaller
+"""The API requests one NodeClaim costs from creation to an initialized Node (kubegpu buys more, smaller
 nodes than Karpenter, so each claim's requests are what the API server pays for the cheaper plan).
 
 Karpenter's kwok path per claim: create the NodeClaim, its launch (labels, status), the Node's create, registration

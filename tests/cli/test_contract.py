@@ -1,4 +1,4 @@
-"""The CLI contract (issue 27, `kubegpu.cliopts`), checked on every command the `kubegpu` app registers.
+"""The CLI contract (`kubegpu.cliopts`), checked on every command the `kubegpu` app registers.
 
 The walk is over the built app, so a command added later is checked as soon as it registers: `-o/--output` is an
 output format and nothing else; files and directories written get long names; duration flags take Go-style values;

@@ -1,4 +1,4 @@
-"""Older spellings still run (hidden aliases), and the formats `-o` gained print what they say (issue 27)."""
+"""Older spellings still run (hidden aliases), and the formats `-o` gained print what they say."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stand-in device nodes for simulated GPUs (issue 23): every CDI spec written for a simulated node names host paths
+"""Stand-in device nodes for simulated GPUs: every CDI spec written for a simulated node names host paths
 that exist — character devices under `<node file>.dev/` — while the container paths stay `/dev/nvidia*`, so a real
 container runtime can inject simulated GPUs; real hardware keeps the host's own /dev."""
 
@@ -52,7 +52,7 @@ def assert_stand_ins(spec: dict[str, Any], node: SimulatedBackend) -> None:
 
 @root_only
 def test_dra_claim_spec_points_at_stand_ins(node: SimulatedBackend) -> None:
-    """Fails on the code before issue 23: the spec named /dev/nvidia0 etc., which do not exist on a GPU-less host."""
+    """Fails on the old code: the spec named /dev/nvidia0 etc., which do not exist on a GPU-less host."""
     assert node.path is not None
     claim = {"metadata": {"name": "c", "namespace": "ml", "uid": "uid-c"}, "status": {"allocation": {"devices": {
         "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}]}}}}

@@ -1,4 +1,4 @@
-"""The one label-selector matcher for selector objects: matchLabels, matchExpressions, node selector terms (issue 27).
+"""The one label-selector matcher for selector objects: matchLabels, matchExpressions, node selector terms.
 
 Every operator is checked against a label that is present with a matching value, present with another value, and
 absent, since NotIn / DoesNotExist / Gt / Lt differ exactly there.

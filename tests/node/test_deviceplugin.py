@@ -58,7 +58,7 @@ def test_whole_gpu_registration_capacity_and_env(real_node: NodeSession, node_ns
 def test_cdi_strategies_inject_the_gpu_nodes(real_node: NodeSession, node_ns: str, tmp_path: Path,
                                              strategy: str) -> None:
     """containerd applies our CDI spec: the container gets /dev/nvidia<N> and the control devices (stand-ins for a
-    simulated GPU), which it could not before issue 23 (containerd refused the missing host /dev/nvidia*)."""
+    simulated GPU), which it could not before (containerd refused the missing host /dev/nvidia*)."""
     with running(real_node.device_plugin("--device-list-strategy", strategy)) as plugin:
         plugin.wait_log("registered nvidia.com/gpu")
         wait_allocatable(real_node.cluster, GPU, 2)

@@ -140,7 +140,7 @@ def test_bad_controller_flags_are_one_line(monkeypatch: pytest.MonkeyPatch, caps
 def test_plan_json_states_the_objective_against_the_bound_on_a_fleet_sized_state(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A 4,096-GPU state file (512 nodes x 8) passes the input limits, and the JSON says what the plan achieves
-    against the planner's bound, per priority level (issue 28)."""
+    against the planner's bound, per priority level."""
     import yaml
 
     used = [{"profile": "3g.40gb", "start": 4, "used": True}]

@@ -1,4 +1,4 @@
-"""The controller derives each object's facts once per resourceVersion (fleet scale: issue 28)."""
+"""The controller derives each object's facts once per resourceVersion (fleet scale)."""
 
 from __future__ import annotations
 

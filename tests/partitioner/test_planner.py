@@ -314,7 +314,7 @@ def test_cpu_and_pod_count_limit_what_a_recut_can_place(mig_node: Callable[..., 
 
 def test_planner_objects_own_their_caches_and_agree_with_one_shot_plans(
         mig_node: Callable[..., NodeInput], make_pod: Callable[..., dict[str, Any]]) -> None:
-    """What a planner remembers between plans is its own (issue 27): a second Planner starts empty, a planner that
+    """What a planner remembers between plans is its own: a second Planner starts empty, a planner that
     re-plans reuses what it computed, and the plan is the same as a fresh one-shot plan's."""
     import ast
     import inspect

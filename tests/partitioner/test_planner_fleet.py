@@ -1,4 +1,4 @@
-"""The exact planner on a generated large state (issue 28, scaled down to 512 GPUs to stay within seconds): with a
+"""The exact planner on a generated large state (scaled down to 512 GPUs to stay within seconds): with a
 budget far too tight for the whole plan it still returns a valid plan no worse than the greedy's, at least 0.999 of
 its bound, and the bound it reports is honest (no plan does better, the proven optimum included); and the bound
 that proves a stage comes from the relaxation's duals, valid whatever multipliers it is given."""

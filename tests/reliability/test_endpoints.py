@@ -1,4 +1,4 @@
-"""Every HTTP endpoint keeps serving whatever other clients do (issue 26): kubegpu.endpoints on aiohttp.
+"""Every HTTP endpoint keeps serving whatever other clients do: kubegpu.endpoints on aiohttp.
 
 Quick versions of the slow-client cases in `benchmarks/exporter_scrape.py`: slow headers, silent connections, a
 trickled request, a huge header, a flood past the connection cap — each beside honest scrapers that must all

@@ -3,7 +3,7 @@ what this replica decided that the API does not show yet.
 
 Every kind a pass reads (NodePools, NodeClaims, Nodes, Pods, DaemonSets, PodDisruptionBudgets, and what the provider
 adds, e.g. EC2NodeClasses) comes from one `kubegpu.kube.informer.InformedCluster`: listed once, then kept current
-by watches, so an idle autoscaler sends the API server no LIST at all (issue 27). A `Snapshot` is one consistent
+by watches, so an idle autoscaler sends the API server no LIST at all. A `Snapshot` is one consistent
 read of that memory.
 
 What lives here rather than in the API is only what is safe to lose on a leader change:

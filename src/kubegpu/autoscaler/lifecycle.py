@@ -103,7 +103,7 @@ class Lifecycle:
         busy = [c for c in live if not is_true(c, "Initialized") or L.TERMINATION_FINALIZER not in
                 ((c.get("metadata") or {}).get("finalizers") or [])]
         # furthest along first: on a burst, the nodes about to take pods are initialized before the next hundred
-        # launches are sent, so the first pods bind a pass earlier (issue 26: time to the first bound pod)
+        # launches are sent, so the first pods bind a pass earlier (time to the first bound pod)
         busy.sort(key=lambda c: 0 if is_true(c, "Registered") else 1 if is_true(c, "Launched") else 2)
         if self.parallelism > 1:   # and a pass stays short: the rest of a burst's launches go in the next passes
             launched = sum(1 for c in busy if is_true(c, "Launched"))

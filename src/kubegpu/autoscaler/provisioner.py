@@ -133,7 +133,7 @@ def nodeclaim_object(plan: ClaimPlan, pool: NodePool, name: str, now: float,
     """The NodeClaim for a plan: the pool's template plus the narrowed requirements and the summed requests.
 
     A `name` ending in "-" is a `generateName`: the API server appends a suffix that cannot clash (Karpenter's
-    way; a name made here from a hash collides sooner or later on large bursts, issue 26). The
+    way; a name made here from a hash collides sooner or later on large bursts). The
     `kubegpu.io/termination` finalizer is there from the start, so whoever deletes the claim, termination runs.
     With a `reservation` token, the claim's taints hold its node for the plan's pods (`nomination.py`)."""
     tmpl = pool.spec.template

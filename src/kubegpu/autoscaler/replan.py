@@ -1,4 +1,4 @@
-"""Re-planning from where pods actually landed (issue 26), pure: which nominations still hold, and which NodeClaims
+"""Re-planning from where pods actually landed, pure: which nominations still hold, and which NodeClaims
 nobody needs any more.
 
 kube-scheduler's default profile spreads small pods onto big empty nodes, so without more the set of nodes a pass

@@ -8,7 +8,7 @@ two versions of the pool. Nothing is written when nothing changed.
 "What the API holds" is not byte for byte what was sent: a real API server canonicalises quantities (`81920Mi`
 comes back as `80Gi`), stamps `timeAdded` on device taints and omits empty fields. Comparing raw objects made an
 idle driver republish an identical pool with the generation bumped on every health tick (seen against a real
-kubelet, issue 23), so both sides are compared in a canonical form, and a slice the server still holds at the
+kubelet), so both sides are compared in a canonical form, and a slice the server still holds at the
 resourceVersion of our own last write, for the same desired content, counts as unchanged whatever it defaulted.
 """
 

@@ -4,7 +4,7 @@ Every pass looks at every Node and Pod, but between two passes (5 s) only a few 
 object (could a re-cut help the pod, where is it bound; how the node opted in, whether a plan is in flight, the
 agent's report) is derived once per resourceVersion (`VersionMemo`) and, where the cluster is read through an
 informer, kept current from its change journal (`ObjectIndex`), so a pass costs what changed, not what exists —
-the controller at fleet scale (issue 28).
+the controller at fleet scale.
 """
 
 from __future__ import annotations

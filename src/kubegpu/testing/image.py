@@ -1,4 +1,4 @@
-"""Build kubegpu's image without a registry and load it into the test containerd (the node tier, issue 23).
+"""Build kubegpu's image without a registry and load it into the test containerd (the node tier).
 
 No base image can be pulled on these machines, so the Dockerfile's `BASE_IMAGE` is a Debian bookworm root file system
 made with debootstrap from Debian's own packages (the mirror apt uses; Debian 12's python3 is 3.11) and committed with

@@ -1,5 +1,5 @@
-"""EC2NodeClass conditions as Karpenter gives them, and what a pod hears when its NodePool's class is not ready
-(issue 26): pure condition logic, then the provider, the provisioning pass, `kubegpu provision` and the controller
+"""EC2NodeClass conditions as Karpenter gives them, and what a pod hears when its NodePool's class is not ready:
+pure condition logic, then the provider, the provisioning pass, `kubegpu provision` and the controller
 against moto's local server."""
 
 from __future__ import annotations
