@@ -142,13 +142,15 @@ def table(trials: list[Trial]) -> list[str]:
     """Markdown: per size, kubegpu | Karpenter | kubegpu / Karpenter, means over the trials; with several kubegpu
     variants (`--kubegpu-args` given more than once), a kubegpu column and a ratio per variant."""
     sizes = sorted({t.pods for t in trials})
-    variants = list(dict.fromkeys(t.variant for t in trials if t.system == "kubegpu")) or [""]
+    variants = list(dict.fromkeys(t.variant for t in trials if t.system == "kubegpu"))
+    karpenter = any(t.system == "karpenter" for t in trials)
+    ratios_shown = bool(variants) and karpenter   # a system that did not run gets no column, nor a ratio
     header, rule = "| |", "|---|"
     names = [f"kubegpu {v}" if v else "kubegpu (defaults)" if len(variants) > 1 else "kubegpu" for v in variants]
     for size in sizes:
-        header += "".join(f" {name} {size:,} |" for name in names) + f" Karpenter {size:,} |"
-        header += "".join(f" {name} / Karpenter |" for name in names)
-        rule += "---|" * (1 + 2 * len(variants))
+        header += "".join(f" {name} {size:,} |" for name in names) + (f" Karpenter {size:,} |" if karpenter else "")
+        header += "".join(f" {name} / Karpenter |" for name in names) if ratios_shown else ""
+        rule += "---|" * (len(variants) + karpenter + (len(variants) if ratios_shown else 0))
     rows = [header, rule]
 
     def row(label: str, cell: Callable[[list[Trial]], tuple[str, float]]) -> None:
@@ -156,17 +158,22 @@ def table(trials: list[Trial]) -> list[str]:
         for size in sizes:
             ours = [cell([t for t in trials if t.pods == size and t.system == "kubegpu" and t.variant == v])
                     for v in variants]
-            theirs = cell([t for t in trials if t.pods == size and t.system == "karpenter"])
-            ratios = [f"{o[1] / theirs[1]:.2f}×" if theirs[1] and theirs[1] == theirs[1] else "–" for o in ours]
-            line += "".join(f" {o[0]} |" for o in ours) + f" {theirs[0]} |" + "".join(f" {r} |" for r in ratios)
+            line += "".join(f" {o[0]} |" for o in ours)
+            if karpenter:
+                theirs = cell([t for t in trials if t.pods == size and t.system == "karpenter"])
+                line += f" {theirs[0]} |"
+            if ratios_shown:
+                line += "".join(f" {o[1] / theirs[1]:.2f}× |" if theirs[1] and theirs[1] == theirs[1] else " – |"
+                                for o in ours)
         rows.append(line)
 
     def timed(ts: list[Trial]) -> list[Trial]:
         return [t for t in ts if t.all_bound_s == t.all_bound_s]
 
     row("trials (all pods bound)", lambda ts: (f"{len(ts)} ({len(timed(ts))})", float(len(ts))))
-    row("seconds until every pod is bound", lambda ts: (f"{_mean([t.all_bound_s for t in timed(ts)]):.1f}",
-                                                        _mean([t.all_bound_s for t in timed(ts)])))
+    row("seconds until every pod is bound", lambda ts: (
+        f"{_mean([t.all_bound_s for t in timed(ts)]):.1f}" if timed(ts) else "– (none within the timeout)",
+        _mean([t.all_bound_s for t in timed(ts)])))
     row("first pod bound after", lambda ts: (_span([t.first_bound_s for t in ts if t.first_bound_s > 0]),
                                              _mean([t.first_bound_s for t in ts])))
     for label, attr in (("half the pods bound after (s)", "bound_p50_s"), ("9 in 10 bound after (s)", "bound_p90_s"),

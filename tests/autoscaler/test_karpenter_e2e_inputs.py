@@ -78,6 +78,19 @@ def test_the_table_has_a_column_and_a_ratio_per_kubegpu_variant() -> None:
     assert single[0] == "| | kubegpu 500 | Karpenter 500 | kubegpu / Karpenter |"
 
 
+def test_a_system_that_did_not_run_gets_no_column() -> None:
+    from benchmarks.karpenter import table
+
+    ours = table([e2e.Trial("kubegpu", 500, all_bound_s=40.0, first_bound_s=1.0),
+                  e2e.Trial("kubegpu", 2000, all_bound_s=90.0, first_bound_s=2.0)])
+    assert ours[:2] == ["| | kubegpu 500 | kubegpu 2,000 |", "|---|---|---|"]
+    assert "| seconds until every pod is bound | 40.0 | 90.0 |" in ours
+    # Karpenter alone, every pod never bound (DRA claims): said in words, not "nan"
+    theirs = table([e2e.Trial("karpenter", 500, all_bound_s=float("nan"), first_bound_s=14.0)])
+    assert theirs[0] == "| | Karpenter 500 |"
+    assert "| seconds until every pod is bound | – (none within the timeout) |" in theirs
+
+
 def test_the_table_says_when_the_last_empty_claim_went_and_which_trials_never_got_there() -> None:
     from benchmarks.karpenter import table
 
