@@ -61,6 +61,14 @@ TEMPLATES = {
 }
 
 
+def _delete_claims_of(cluster: Any, pool: str) -> None:
+    """Cleanup: delete the pool's NodeClaims through the API; the autoscaler's termination then removes their nodes."""
+    for claim in cluster.list("NodeClaim"):
+        if (claim["metadata"].get("labels") or {}).get(POOL_LABEL) == pool:
+            with contextlib.suppress(NotFound):
+                cluster.delete("NodeClaim", claim["metadata"]["name"])
+
+
 @pytest.fixture
 def world(real_cluster: RealCluster, namespace: str, crds: list[str]) -> Iterator[tuple[Any, str, Autoscaler]]:
     cluster = real_cluster.cluster()
@@ -78,10 +86,7 @@ def world(real_cluster: RealCluster, namespace: str, crds: list[str]) -> Iterato
     try:
         yield cluster, name, scaler
     finally:
-        for claim in cluster.list("NodeClaim"):
-            if (claim["metadata"].get("labels") or {}).get(POOL_LABEL) == name:
-                with contextlib.suppress(NotFound):
-                    cluster.delete("NodeClaim", claim["metadata"]["name"])
+        _delete_claims_of(cluster, name)
         with contextlib.suppress(WaitTimeout):
             wait_for(lambda: scaler.step() and not [n for n in cluster.list("Node") if
                                                     (n["metadata"].get("labels") or {}).get(POOL_LABEL) == name],
@@ -199,10 +204,7 @@ def test_the_command_buys_nodes_for_pods_whose_gpus_come_only_from_claim_templat
         assert set(where.values()) <= set(nodes)   # on nodes the command bought for this pool
         assert {nodes[where[f"whole-{i}"]] for i in range(3)} == {"h100.x1"}   # the only H100 type
     finally:
-        for claim in cluster.list("NodeClaim"):
-            if (claim["metadata"].get("labels") or {}).get(POOL_LABEL) == pool:
-                with contextlib.suppress(NotFound):
-                    cluster.delete("NodeClaim", claim["metadata"]["name"])
+        _delete_claims_of(cluster, pool)
         with contextlib.suppress(WaitTimeout):
             wait_for(lambda: not any((c["metadata"].get("labels") or {}).get(POOL_LABEL) == pool
                                      for c in cluster.list("NodeClaim")), "the test's NodeClaims terminated", 60)

@@ -46,8 +46,8 @@ def node_cost_option() -> Any:
     """`--node-cost`: what each new node costs beyond its price, in the plan's objective (docs/autoscaler.md)."""
     return typer.Option(NODE_COST, "--node-cost", callback=_check_node_cost,
                         help="$/h each new node costs beyond its price (its DaemonSets, the control plane's work per "
-                             "node), weighed when sizing new nodes: fewer, bigger nodes where they cost little more. "
-                             "0: the cheapest plan.")
+                             "node), weighed when sizing new nodes: fewer, fuller nodes (the default buys 8-GPU nodes "
+                             "for a burst of mixed GPU pods). 0: the cheapest plan by price alone.")
 
 
 def load_manifests(path: Path, kind: str) -> list[dict[str, Any]]:
