@@ -112,12 +112,16 @@ def lp_ceiling(shares: Mapping[int, int], whole_milli: int, gpus: int,
         if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             raise ValueError(f"the LP over {len(sizes)} share sizes on {gpus} GPUs: HiGHS ends "
                              f"{highs.modelStatusToString(highs.getModelStatus())}")
+        # HiGHS's reduced cost of a column is its cost less column . duals; here costs are negated thousandths, so
+        # a pattern gains (its thousandths + its sizes' duals) + the GPU row's dual over what the program has
         duals = np.asarray(highs.getSolution().row_dual)
         value, pattern = best_pattern(sizes + duals[1:], sizes, counts)
-        gain = value + duals[0]  # the best pattern's reduced profit per GPU
-        if gain <= TOLERANCE or pattern.tobytes() in seen:
+        gain = value + duals[0]
+        if gain <= TOLERANCE or pattern.tobytes() in seen:  # a pattern priced again: solver tolerance, not a gain
             break
         seen.add(pattern.tobytes())
         add(pattern)
+    else:
+        raise ValueError(f"the LP over {len(sizes)} share sizes on {gpus} GPUs: no convergence in {MAX_ROUNDS} rounds")
     placed = -highs.getInfo().objective_function_value + gpus * max(gain, 0.0)
     return 100.0 * min(placed, gpus * MILLI) / (gpus * MILLI)
