@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import highspy
 import numpy as np
 
-from kubegpu.partitioner.planner.highs import HighsLoader
+from kubegpu.highs import HighsLoader
 
 MILLI = 1000
 TOLERANCE = 1e-6  # thousandths of gain per GPU below which a pattern is not worth adding
