@@ -22,43 +22,12 @@ import highspy
 import numpy as np
 
 from kubegpu.highs import HighsLoader
+from kubegpu.scheduling.placement.leftovers import best_pattern
+from kubegpu.scheduling.placement.model import MILLI
 
-MILLI = 1000
 TOLERANCE = 1e-6  # thousandths of gain per GPU below which a pattern is not worth adding
 MAX_ROUNDS = 10_000
 _HIGHS = HighsLoader()  # HiGHS prints a banner on stdout on its first use: the loader keeps it off
-
-
-def best_pattern(values: np.ndarray, sizes: np.ndarray, counts: np.ndarray) -> tuple[float, np.ndarray]:
-    """The pattern (copies of each share size, at most its count, fitting in one GPU) of the greatest total value:
-    (value, copies per size). Sizes of no positive value are never taken. A bounded knapsack by dynamic programming
-    over the GPU's thousandths, each size's copies split in powers of two (1, 2, 4, ...) so that any number up to
-    the bound is a sum of distinct pieces."""
-    pieces: list[tuple[int, int]] = []  # (size index, copies)
-    for i, (value, size, count) in enumerate(zip(values, sizes, counts, strict=True)):
-        left = min(int(count), MILLI // int(size)) if value > 0 else 0
-        step = 1
-        while left > 0:
-            take = min(step, left)
-            pieces.append((i, take))
-            left -= take
-            step *= 2
-    best = np.zeros(MILLI + 1)  # best[c]: the greatest value in c thousandths with the pieces seen so far
-    taken = []
-    for i, copies in pieces:
-        weight = copies * int(sizes[i])
-        candidate = best[:MILLI + 1 - weight] + copies * float(values[i])
-        better = candidate > best[weight:]
-        best[weight:] = np.where(better, candidate, best[weight:])
-        taken.append(better)
-    pattern = np.zeros(len(sizes), dtype=np.int64)
-    room = MILLI
-    for (i, copies), better in zip(reversed(pieces), reversed(taken), strict=True):
-        weight = copies * int(sizes[i])
-        if room >= weight and better[room - weight]:
-            pattern[i] += copies
-            room -= weight
-    return float(best[MILLI]), pattern
 
 
 def lp_ceiling(shares: Mapping[int, int], whole_milli: int, gpus: int,

@@ -7,11 +7,10 @@ import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from benchmarks import fragmentation as bench
-from benchmarks.trace_ceiling import best_pattern, lp_ceiling
+from benchmarks.trace_ceiling import lp_ceiling
 
 DATA = Path(__file__).parent / "data"
 
@@ -103,8 +102,3 @@ def test_lp_ceiling_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="at_least 3 shares of 600: only 2 arrived"):
         lp_ceiling({600: 2}, 0, 1, at_least=(600, 3))
 
-
-def test_best_pattern_takes_no_more_copies_than_arrived() -> None:
-    # 250s are worth most per thousandth but only two arrived: two of them, then five 100s
-    value, pattern = best_pattern(np.array([300.0, 90.0]), np.array([250, 100]), np.array([2, 9]))
-    assert pattern.tolist() == [2, 5] and value == 1050.0
