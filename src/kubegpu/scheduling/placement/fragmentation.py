@@ -324,9 +324,11 @@ class KubegpuPolicy(_GradientPolicy):
     - The popularity model is the expected workload when given, else learned from the requests seen so far and
       rebuilt every `RELEARN_EVERY` requests.
     - A whole single GPU or a CPU-only task: candidates rank by FGD's integer score, each step worth `FGD_STEP`
-      thousandths of kubegpu's measure. A share or a multi-GPU task: by FGD's integer score alone, with the
-      scarcity of GPU models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). Ties go
-      to the smallest node name.
+      thousandths of kubegpu's measure. A multi-GPU task: by FGD's integer score alone, with the scarcity of GPU
+      models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). A share: first by the
+      least leftover loss (`leftovers.py`: what the GPU's leftover stops being worth to the expected shares, from
+      the dual prices of their cutting-stock LP, rebuilt with the popularity model), then as a multi-GPU task
+      (see `_share_score`). Ties go to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:

@@ -118,14 +118,14 @@ def leftover_values(prices: Mapping[int, float]) -> FloatArray:
     """V(g) for g = 0..1000 (module docstring): the most the prices of a multiset of sizes fitting in g thousandths
     sum to, any number of copies of each. Unbounded, unlike the LP's patterns: a leftover's worth is what the
     shares still to come could make of it, whichever of them come."""
+    priced = sorted((size, price) for size, price in prices.items() if price > 0)
+    sizes = np.array([size for size, _ in priced], dtype=np.int64)
+    worth = np.array([price for _, price in priced], dtype=np.float64)
     values = np.zeros(MILLI + 1)
-    priced = [(size, price) for size, price in prices.items() if price > 0]
     for g in range(1, MILLI + 1):
-        best = values[g - 1]  # a leftover may stay partly unused
-        for size, price in priced:
-            if size <= g and values[g - size] + price > best:
-                best = values[g - size] + price
-        values[g] = best
+        fits = int(np.searchsorted(sizes, g, side="right"))  # sizes are sorted: the first `fits` fit in g
+        best = (values[g - sizes[:fits]] + worth[:fits]).max() if fits else 0.0
+        values[g] = max(values[g - 1], best)  # a leftover may stay partly unused
     return values
 
 
