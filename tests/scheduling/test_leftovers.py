@@ -51,6 +51,8 @@ def test_a_placement_inside_a_best_packing_loses_nothing_and_a_wasteful_one_lose
     assert prices.loss_rank(500, np.array([1000, 900, 850])).tolist() == [0, 1, 0]
     with pytest.raises(ValueError, match="free thousandths"):
         prices.loss(500, np.array([400]))
+    with pytest.raises(ValueError, match="free thousandths"):
+        prices.loss_rank(500, np.array([400]))
 
 
 def test_a_size_the_workload_never_asked_for_is_priced_by_what_it_displaces() -> None:

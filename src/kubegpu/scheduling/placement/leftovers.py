@@ -145,11 +145,7 @@ class LeftoverPrices:
     def loss(self, size: int, free: IntArray) -> FloatArray:
         """What placing a share of `size` thousandths forgoes on GPUs with `free` thousandths free (each >= size), in
         GPUs: V(free) - V(free - size) - price(size), never negative."""
-        if not 0 < size < MILLI:
-            raise ValueError(f"share size {size}: a share takes 1..{MILLI - 1} thousandths")
-        free = np.asarray(free, dtype=np.int64)
-        if np.any((free < size) | (free > MILLI)):
-            raise ValueError(f"free thousandths {free.tolist()}: each must lie in {size}..{MILLI} for a {size} share")
+        free = _fitting(size, free)
         return np.maximum(self.value[free] - self.value[free - size] - self.price[size], 0.0)
 
     def loss_rank(self, size: int, free: IntArray) -> IntArray:
@@ -157,9 +153,20 @@ class LeftoverPrices:
         least; equal to 1e-9 of a GPU: equal rank). A share's candidates rank by loss first, then by other keys:
         a rank (at most 1000) scaled above the other keys' range keeps that order exact in one float score, where
         the loss itself would need more digits than a float has beside them."""
+        free = _fitting(size, free)
         every = np.round(self.loss(size, np.arange(size, MILLI + 1)), 9)
         _, rank = np.unique(every, return_inverse=True)
-        return np.asarray(rank.reshape(-1)[np.asarray(free, dtype=np.int64) - size], dtype=np.int64)
+        return np.asarray(rank.reshape(-1)[free - size], dtype=np.int64)
+
+
+def _fitting(size: int, free: IntArray) -> IntArray:
+    """`free` as int64, refused unless `size` is a share and fits every GPU (an index out of range would wrap)."""
+    if not 0 < size < MILLI:
+        raise ValueError(f"share size {size}: a share takes 1..{MILLI - 1} thousandths")
+    free = np.asarray(free, dtype=np.int64)
+    if np.any((free < size) | (free > MILLI)):
+        raise ValueError(f"free thousandths {free.tolist()}: each must lie in {size}..{MILLI} for a {size} share")
+    return free
 
 
 def leftover_prices(requests: Sequence[Request]) -> LeftoverPrices:
