@@ -16,8 +16,12 @@ its FGD experiment run per variant and seed with the paper's flags; kubegpu repl
 same run. Printed: allocation at 100 % and 130 % arrived for both, wall time per experiment, and the ratios. One
 FGD experiment takes about 20 minutes on two cores (about 10,000 placements on 1,213 nodes).
 
-`--share-packing`: instead of replaying, what the sharing tasks alone leave free at 100 % arrived when every one of
-them is placed (`share_packing`): packed offline knowing them all, and a relaxation no such packing beats.
+`--share-packing`: instead of replaying, how high placement can go at 100 % arrived (`share_packing`): the shares
+arrived by then packed offline by best fit decreasing, every one placed; the ceiling no placement, online or offline,
+exceeds (the exact optimum of the LP relaxation in benchmarks/trace_ceiling.py: whole GPUs and shares packed into the
+cluster's GPUs, CPU, memory, GPU models, node boundaries and arrival order forgotten); and the same ceiling when every
+share of the variant's most common size arrived by then is placed, as an online placement that turns none away while
+a GPU has room for it does.
 
 `--quick`: the default variant and seed 42 only (with --trace-dir alone: the five variants of the README's table).
 """
@@ -34,8 +38,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.trace_ceiling when run as a script
+
+from benchmarks.trace_ceiling import lp_ceiling
 from kubegpu.errors import KubegpuError
 from kubegpu.sim.trace.reader import read_nodes, read_pods
 from kubegpu.sim.trace.replay import ReplayResult, arrivals, replay
@@ -88,55 +96,72 @@ def _kubegpu(csv_dir: Path, variant: str, seed: int, policy: str) -> ReplayResul
 
 # --- how high any placement can go ---------------------------------------------------------------------------------
 
-def share_packing(csv_dir: Path, variant: str, seed: int) -> tuple[float, float]:
-    """% of GPUs allocated at 100 % arrived if every sharing task arrived by then is placed: (packed offline,
-    relaxation).
-
-    At 100 % arrived the free GPU thousandths equal the skipped ones, and a GPU holding shares keeps its leftover
-    free unless smaller shares fill it (whole-GPU tasks need a free GPU). Packed offline: the shares arrived by
-    then, all known in advance and placed by best fit in decreasing size, leave this much free. Relaxation: each
-    share above half a GPU needs a GPU of its own, and its leftover takes only shares that fit in it, counted as
-    divisible: no packing that places every share leaves less. CPU, memory, GPU models and whole GPUs only lower
-    both. A placement that turns shares away (the cluster full of them: the gpushare variants) is not bound by
-    either: it gives up their thousandths instead of their leftovers."""
-    state = read_nodes(csv_dir / NODE_CSV)
-    capacity = state.total_gpu_milli
-    shares: list[int] = []
-    arrived = 0
+def arrived_at_100(csv_dir: Path, variant: str, seed: int) -> tuple[int, Counter[int], int]:
+    """The tasks arrived by 100 % for one seed (up to the one that brings the arrived thousandths to the cluster's,
+    as the replay's level): (the cluster's GPUs, shares arrived per size in thousandths, whole-GPU thousandths)."""
+    capacity = read_nodes(csv_dir / NODE_CSV).total_gpu_milli
+    shares: Counter[int] = Counter()
+    whole = arrived = 0
     for task in arrivals(read_pods(csv_dir / f"openb_pod_list_{variant}.csv"), capacity, seed, 1.3):
         if arrived >= capacity:
             break
         if task.request.shares:
-            shares.append(task.request.gpu_milli)
+            shares[task.request.gpu_milli] += 1
+        else:
+            whole += task.request.gpu_total_milli
         arrived += task.request.gpu_total_milli
-    shares.sort(reverse=True)
+    return capacity // MILLI, shares, whole
+
+
+def most_common_share(csv_dir: Path, variant: str) -> int:
+    """The share size (thousandths) the variant's tasks ask for most often."""
+    sizes = Counter(t.request.gpu_milli for t in read_pods(csv_dir / f"openb_pod_list_{variant}.csv")
+                    if t.request.shares)
+    if not sizes:
+        raise KubegpuError(f"variant {variant}: no task shares a GPU")
+    return sizes.most_common(1)[0][0]
+
+
+def share_packing(csv_dir: Path, variant: str, seed: int, size: int) -> tuple[float, float, float | None]:
+    """% of GPUs allocated at 100 % arrived: (packed offline, ceiling, ceiling when every share of `size` is placed).
+
+    Packed offline: the shares arrived by then, all known in advance and placed by best fit in decreasing size,
+    leave their GPUs' leftovers free (whole-GPU tasks need a free GPU), and at 100 % arrived the free thousandths
+    are the ones not allocated. Ceiling: `trace_ceiling.lp_ceiling` on the tasks arrived by then; no placement,
+    online or offline, allocates more. The last: the same LP when every share of `size` arrived by then is placed
+    (None when they do not all fit). An online placement places a share of the trace's most common size as long
+    as any GPU has room for it, and every such GPU's leftover takes only the rarer smaller shares: so, in practice,
+    every share of that size arriving before the cluster fills is placed."""
+    gpus, shares, whole = arrived_at_100(csv_dir, variant, seed)
     leftovers: list[int] = []  # free thousandths of each GPU opened, sorted
-    for size in shares:
-        at = bisect.bisect_left(leftovers, size)
+    for share in sorted(shares.elements(), reverse=True):
+        at = bisect.bisect_left(leftovers, share)
         free = leftovers.pop(at) if at < len(leftovers) else MILLI
-        bisect.insort(leftovers, free - size)
-    gaps = sorted((MILLI - size for size in shares if 2 * size > MILLI), reverse=True)
-    fillable, next_gap, filled = 0, 0, 0
-    for size in (s for s in shares if 2 * s <= MILLI):  # largest first: the gaps that take it only grow
-        while next_gap < len(gaps) and gaps[next_gap] >= size:
-            fillable += gaps[next_gap]
-            next_gap += 1
-        take = min(size, fillable)
-        filled += take
-        fillable -= take
-    return 100.0 * (1 - sum(leftovers) / capacity), 100.0 * (1 - (sum(gaps) - filled) / capacity)
+        bisect.insort(leftovers, free - share)
+    ceiling = lp_ceiling(shares, whole, gpus)
+    assert ceiling is not None  # no floor: always feasible
+    return (100.0 * (1 - sum(leftovers) / (gpus * MILLI)), ceiling,
+            lp_ceiling(shares, whole, gpus, at_least=(size, shares[size])))
 
 
 def packing(csv_dir: Path, variants: list[str], seeds: list[int]) -> list[dict[str, object]]:
     rows = []
-    print("| variant | every share placed: packed offline | relaxation |")
-    print("|---|---|---|")
+    print("| variant | every share placed, packed offline | ceiling: any placement | ceiling: every share of the "
+          "most common size placed |")
+    print("|---|---|---|---|")
     for variant in variants:
-        packed, relaxed = zip(*(share_packing(csv_dir, variant, seed) for seed in seeds), strict=True)
-        row = {"variant": variant, "seeds": seeds, "packedOfflineAt100": round(statistics.mean(packed), 3),
-               "relaxationAt100": round(statistics.mean(relaxed), 3)}
-        print(f"| {variant} | {row['packedOfflineAt100']:.2f} | {row['relaxationAt100']:.2f} |", flush=True)
-        rows.append(row)
+        size = most_common_share(csv_dir, variant)
+        packed, ceiling, forced = zip(*(share_packing(csv_dir, variant, seed, size) for seed in seeds), strict=True)
+        fits = [f for f in forced if f is not None]
+        forced_mean = round(statistics.mean(fits), 3) if len(fits) == len(forced) else None
+        rows.append({"variant": variant, "seeds": seeds, "packedOfflineAt100": round(statistics.mean(packed), 3),
+                     "ceilingAt100": round(statistics.mean(ceiling), 3), "mostCommonShareMilli": size,
+                     "ceilingAllOfMostCommonShareAt100": forced_mean,
+                     "perSeedCeilingAt100": [round(c, 3) for c in ceiling],
+                     "perSeedCeilingAllOfMostCommonShareAt100": [None if f is None else round(f, 3) for f in forced]})
+        last = "they do not all fit" if forced_mean is None else f"{forced_mean:.2f}"
+        print(f"| {variant} | {statistics.mean(packed):.2f} | {statistics.mean(ceiling):.2f} | {last} (size {size}) |",
+              flush=True)
     return rows
 
 
@@ -279,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="kubegpu", help="kubegpu's policy to compare (default kubegpu)")
     parser.add_argument("--quick", action="store_true", help="default variant, seed 42 (see the docstring)")
     parser.add_argument("--share-packing", action="store_true",
-                        help="instead: the allocation if every share is placed, packed offline (see share_packing)")
+                        help="instead: shares packed offline, and the LP ceiling of any placement at 100 %% arrived "
+                             "(see share_packing)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     try:

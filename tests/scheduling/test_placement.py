@@ -146,7 +146,9 @@ def test_kubegpu_ranks_a_share_by_fgds_score_before_its_own_measure() -> None:
     # node a keeps 15 cores; a 600 share there leaves 7, too few for another 8-core share, so FGD's one-copy test
     # counts all of a's free GPUs as fragment (score 38) against a fresh GPU on b (score 40). kubegpu's capacity
     # measure grows less on a and, were it worth more than one FGD step, would pack the share there; for shares
-    # (and multi-GPU tasks) FGD's score decides and kubegpu's measure only breaks its ties.
+    # (and multi-GPU tasks) FGD's score decides and kubegpu's measure only breaks its ties. The share's leftover
+    # loss, ranked before both, ties here: with one share size, a 600, every leftover of 600 or more is worth one
+    # share, and taking 600 from 700 or from 1000 forgoes nothing.
     state = state_from_nodes([("a", "T4", 16_000, 64_000, 4), ("b", "T4", 32_000, 64_000, 4)])
     state.apply(Request(1_000, 1, 1, 300), Placement(0, (0,)))
     share = Request(8_000, 1, 1, 600)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import fragmentation as bench
+from benchmarks.trace_ceiling import lp_ceiling
 
 DATA = Path(__file__).parent / "data"
 
@@ -44,15 +45,60 @@ def test_published_table_and_bad_arguments(capsys: pytest.CaptureFixture[str], t
     assert f"--trace-dir {tmp_path}: no openb_node_list_gpu_node.csv" in capsys.readouterr().err
 
 
-def _trace(tmp_path: Path, gpu_milli: int) -> Path:
+def _trace(tmp_path: Path, gpu_milli: int, variant: str = "one") -> Path:
     (tmp_path / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,65536,4,T4\n")
-    (tmp_path / "openb_pod_list_one.csv").write_text(
+    (tmp_path / f"openb_pod_list_{variant}.csv").write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(f"p{i},1000,1024,1,{gpu_milli}\n" for i in range(3)))
     return tmp_path
 
 
 def test_share_packing_charges_the_leftover_no_share_can_use(tmp_path: Path) -> None:
-    # 4 GPUs; shares of 810 arrive until 4,050 thousandths: five GPUs' worth of leftovers of 190 that nothing fits
-    assert bench.share_packing(_trace(tmp_path, 810), "one", 42) == (76.25, 76.25)
+    # 4 GPUs; shares of 810 arrive until 4,050 thousandths. Packed offline every one takes a GPU (a fifth beyond
+    # the cluster): five leftovers of 190 that nothing fits. The ceiling places four; all five never fit.
+    assert bench.most_common_share(_trace(tmp_path, 810), "one") == 810
+    assert bench.share_packing(tmp_path, "one", 42, 810) == (76.25, 81.0, None)
     # quarters pack exactly: nothing is left over
-    assert bench.share_packing(_trace(tmp_path, 250), "one", 42) == (100.0, 100.0)
+    assert bench.share_packing(_trace(tmp_path, 250), "one", 42, 250) == (100.0, 100.0, 100.0)
+
+
+def test_share_packing_table_names_the_size_and_says_when_they_do_not_all_fit(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _trace(tmp_path, 810, "default")
+    out = tmp_path / "rows.json"
+    assert bench.main(["--trace-dir", str(tmp_path), "--share-packing", "--variants", "default", "--seeds", "42",
+                       "--json", str(out)]) == 0
+    assert "| default | 76.25 | 81.00 | they do not all fit (size 810) |" in capsys.readouterr().out
+    [row] = json.loads(out.read_text())
+    assert row["packedOfflineAt100"] == 76.25 and row["ceilingAt100"] == 81.0 and row["mostCommonShareMilli"] == 810
+    assert row["ceilingAllOfMostCommonShareAt100"] is None and row["perSeedCeilingAt100"] == [81.0]
+
+
+def test_lp_ceiling_on_cases_solved_by_hand() -> None:
+    # two GPUs, 600 + 400 twice: both GPUs full
+    assert lp_ceiling({600: 2, 400: 2}, 0, 2) == 100.0
+    # one GPU, two shares of 600: only one fits
+    assert lp_ceiling({600: 2}, 0, 1) == 60.0
+    # 810 + 190 fill two GPUs, whole-GPU tasks (3 GPUs asked) the other two
+    assert lp_ceiling({810: 2, 190: 2}, 3000, 4) == 100.0
+    # whole-GPU thousandths count as divisible, bounded by what arrived
+    assert lp_ceiling({}, 3500, 4) == 87.5
+
+
+def test_lp_ceiling_may_skip_a_share_and_a_floor_forbids_it() -> None:
+    # one GPU: the two 500s fill it; placing the 600 instead leaves 400 that no 500 fits
+    assert lp_ceiling({600: 1, 500: 2}, 0, 1) == 100.0
+    assert lp_ceiling({600: 1, 500: 2}, 0, 1, at_least=(600, 1)) == 60.0
+    # three GPUs: 500 + 500 on one, whole GPUs on two; with both 810s placed, two GPUs keep 190 idle
+    assert lp_ceiling({810: 2, 500: 2}, 2000, 3) == 100.0
+    assert lp_ceiling({810: 2, 500: 2}, 2000, 3, at_least=(810, 2)) == pytest.approx(100 * (2 * 810 + 1000) / 3000)
+    # a GPU holds one 700 at most: three never fit on two
+    assert lp_ceiling({700: 3, 300: 2}, 0, 2) == 100.0
+    assert lp_ceiling({700: 3, 300: 2}, 0, 2, at_least=(700, 3)) is None
+
+
+def test_lp_ceiling_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="share size 1000"):
+        lp_ceiling({1000: 1}, 0, 1)
+    with pytest.raises(ValueError, match="at_least 3 shares of 600: only 2 arrived"):
+        lp_ceiling({600: 2}, 0, 1, at_least=(600, 3))
+

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -31,6 +33,16 @@ def test_replay_prints_the_issue_json_shape() -> None:
     assert curve == sorted(curve)  # tasks never leave: allocation only grows
     assert 0 < curve[5] <= 5.0 + 1e-9  # the sample reaches 5 % of capacity and nothing is skipped that early
     assert isinstance(data["skippedPods"], int) and data["wallSeconds"] >= 0
+
+
+def test_replay_in_a_fresh_process_prints_nothing_but_the_json() -> None:
+    # the kubegpu policy prices shares with a HiGHS LP, and HiGHS prints a banner on file descriptor 1 when a
+    # process builds its first solver: only a real process shows it (CliRunner captures Python's stdout, not the fd)
+    done = subprocess.run([sys.executable, "-m", "kubegpu", "trace", "replay", "--format", "openb", "--nodes", NODES,
+                           "--pods", PODS, "--policy", "kubegpu", "--inflation", "0.02", "-o", "json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["policy"] == "kubegpu"
 
 
 def test_every_policy_runs_and_seeds_reproduce() -> None:

@@ -113,8 +113,8 @@ class Planner:
         try:
             if self.planner == "greedy":
                 return greedy_solve(prepare(nodes, pods, self.gpus))
+            from kubegpu.highs import HighsLoader
             from kubegpu.partitioner.planner.exact import exact_solve  # imports highspy: only the exact one needs it
-            from kubegpu.partitioner.planner.highs import HighsLoader
 
             if self._loader is None:
                 self._loader = HighsLoader()

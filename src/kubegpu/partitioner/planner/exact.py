@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from kubegpu.highs import HighsLoader
 from kubegpu.partitioner.planner.columns import Model, build
 from kubegpu.partitioner.planner.disagg import disaggregate, plan_objective
 from kubegpu.partitioner.planner.greedy import Problem, finish, greedy_solve
-from kubegpu.partitioner.planner.highs import HighsLoader
 from kubegpu.partitioner.planner.layouts import LayoutCache
 from kubegpu.partitioner.planner.model import Plan, pod_priority
 from kubegpu.partitioner.planner.solver import Lexicographic, Outcome, Stage, StageResult

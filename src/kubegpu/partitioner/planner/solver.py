@@ -36,8 +36,8 @@ import highspy
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.highs import HighsLoader
 from kubegpu.partitioner.planner.bounds import dual_bound, fixed_by_reduced_costs
-from kubegpu.partitioner.planner.highs import HighsLoader
 
 Vector = npt.NDArray[np.float64]
 _ROWWISE, _MINIMIZE, _CONTINUOUS, _INTEGER = 2, 1, 0, 1  # highspy's MatrixFormat, ObjSense and HighsVarType values

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.scheduling.placement.leftovers import leftover_prices, prices_of
 from kubegpu.scheduling.placement.model import MILLI, ClusterState, IntArray, Placement, Request
 from kubegpu.scheduling.placement.registry import PolicyContext, register_policy
 
@@ -161,6 +162,12 @@ class _GradientPolicy:
         del request
         return -delta
 
+    def _share_score(self, delta: FloatArray, request: Request, free: IntArray) -> FloatArray:
+        """Higher is better; a share's candidates, from the growth of fragmentation and the GPU's free thousandths
+        before the share takes some."""
+        del free
+        return self._node_score(delta, request)
+
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         raise NotImplementedError
 
@@ -215,7 +222,7 @@ class _GradientPolicy:
         picked = nodes[pick_row]
         measured = self._measure(workload, state.cpu_free[picked] - request.cpu_milli,
                                  state.memory_free[picked] - request.memory_mib, gpu, state.model[picked], picked)
-        value = self._node_score(measured - self._base[picked], request)
+        value = self._share_score(measured - self._base[picked], request, values[first])
         table = np.full(free.shape, -np.inf)
         table[row, column] = value[inverse.reshape(-1)]
         best = table.argmax(axis=1)
@@ -265,6 +272,9 @@ FGD_STEP = 600.0
 """Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
 FGD_ONLY = 1e7
 """... for shares and multi-GPU tasks: more than kubegpu's measure can move (it stays below a million thousandths)."""
+LOSS_STEP = 1e10
+"""For shares, one rank of the leftover loss: more than FGD's score (at most 100 steps of `FGD_ONLY`) and kubegpu's
+measure together can move."""
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
@@ -314,9 +324,11 @@ class KubegpuPolicy(_GradientPolicy):
     - The popularity model is the expected workload when given, else learned from the requests seen so far and
       rebuilt every `RELEARN_EVERY` requests.
     - A whole single GPU or a CPU-only task: candidates rank by FGD's integer score, each step worth `FGD_STEP`
-      thousandths of kubegpu's measure. A share or a multi-GPU task: by FGD's integer score alone, with the
-      scarcity of GPU models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). Ties go
-      to the smallest node name.
+      thousandths of kubegpu's measure. A multi-GPU task: by FGD's integer score alone, with the scarcity of GPU
+      models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). A share: first by the
+      least leftover loss (`leftovers.py`: what the GPU's leftover stops being worth to the expected shares, from
+      the dual prices of their cutting-stock LP, rebuilt with the popularity model), then as a multi-GPU task
+      (see `_share_score`). Ties go to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:
@@ -326,6 +338,7 @@ class KubegpuPolicy(_GradientPolicy):
         self._scarcity: FloatArray = np.zeros(0)
         self._model_scarcity: FloatArray = np.zeros(0)
         self._fgd_workload: Workload | None = None
+        self._leftovers = prices_of({})
 
     def _known(self) -> Sequence[Request]:
         return self._context.workload or self._seen
@@ -337,6 +350,7 @@ class KubegpuPolicy(_GradientPolicy):
         self._scarcity = node_scarcity(requests, state)
         self._model_scarcity = node_scarcity(requests, state, sizes=False)
         self._fgd_workload = Workload.from_counts(typical_shapes(requests), state.model_names)
+        self._leftovers = leftover_prices(requests)
         return Workload.from_counts(kept, state.model_names)
 
     def _measure(self, workload: Workload, cpu: IntArray, memory: IntArray, gpu: IntArray, model: IntArray,
@@ -354,14 +368,23 @@ class KubegpuPolicy(_GradientPolicy):
     def _node_score(self, delta: FloatArray, request: Request) -> FloatArray:
         """A whole single GPU (or no GPU): FGD's integer score (sigmoid of its gradient, 0..100), each step worth
         `FGD_STEP` thousandths of kubegpu's measure, so among candidates FGD ranks alike kubegpu's gradient decides.
-        A share or a multi-GPU task: FGD's integer score of its gradient plus the model-scarcity charge decides,
-        kubegpu's measure only breaks its ties. Measured on Alibaba's trace (docs/benchmarks.md): kubegpu's
-        capacity and node-size terms overriding FGD's ranking pay for single whole GPUs (they keep the CPU and the
-        big nodes the GPUs around them need) but cost on shares and multi-GPU tasks, where FGD's one-copy test of
-        the leftover already decides what stays usable; the model charge keeps pinned models for pinned tasks."""
-        if request.shares or request.gpu_count > 1:
+        A multi-GPU task: FGD's integer score of its gradient plus the model-scarcity charge decides, kubegpu's
+        measure only breaks its ties (shares: `_share_score`). Measured on Alibaba's trace (docs/benchmarks.md):
+        kubegpu's capacity and node-size terms overriding FGD's ranking pay for single whole GPUs (they keep the CPU
+        and the big nodes the GPUs around them need) but cost on shares and multi-GPU tasks, where FGD's one-copy
+        test already decides what stays usable; the model charge keeps pinned models for pinned tasks."""
+        if request.gpu_count > 1:
             return np.asarray(_fgd_integer(delta[:, 0] + delta[:, 2]) * FGD_ONLY - delta[:, 1], dtype=np.float64)
         return np.asarray(_fgd_integer(delta[:, 0]) * FGD_STEP - delta[:, 1], dtype=np.float64)
+
+    def _share_score(self, delta: FloatArray, request: Request, free: IntArray) -> FloatArray:
+        """A share: the least leftover loss first (`leftovers.LeftoverPrices`: what the GPU's leftover stops being
+        worth to the expected shares), then FGD's integer score with the model-scarcity charge, then kubegpu's
+        measure. Measured on Alibaba's trace (docs/benchmarks.md), the loss ranks shares better than FGD's one-copy
+        test: it sees how well the leftover still packs, not only whether one copy of each shape fits."""
+        loss = self._leftovers.loss_rank(request.gpu_milli, free)
+        fgd = _fgd_integer(delta[:, 0] + delta[:, 2])  # FGD's continuous gradient in GPUs would fit the same range
+        return np.asarray(-loss * LOSS_STEP + fgd * FGD_ONLY - delta[:, 1], dtype=np.float64)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)

@@ -1,5 +1,6 @@
-"""Silent HiGHS instances for the exact planner (kept apart from the solver's modelling code: this is process
-plumbing — stdout and threads — not optimisation)."""
+"""Silent, one-thread HiGHS instances for every solver in kubegpu: the partitioner's exact planner and the placement
+policy's leftover prices. Process plumbing (stdout and threads), not optimisation, so it sits low in the layers
+where any component may use it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import highspy
 
 
 class HighsLoader:
-    """Builds silent `highspy.Highs` instances for one planner. HiGHS prints its banner on stdout when the first
-    instance of the process is built, which would corrupt `kubegpu plan -o json`: a loader's first construction runs
-    with file descriptor 1 pointed at /dev/null (a later loader's first one does too, harmlessly: the banner is
-    gone by then). Loading the library takes a second or so on a busy machine, so `warm_up` is called before a
-    plan's budget starts."""
+    """Builds silent `highspy.Highs` instances for one user. HiGHS prints its banner on stdout when the first
+    instance of the process is built, which would corrupt `kubegpu plan -o json` or `kubegpu trace replay -o json`:
+    a loader's first construction runs with file descriptor 1 pointed at /dev/null (a later loader's first one
+    does too, harmlessly: the banner is gone by then). Loading the library takes a second or so on a busy machine,
+    so the planner calls `warm_up` before a plan's budget starts."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
