@@ -271,10 +271,12 @@ SCARCITY_WEIGHT = 3.0
 FGD_STEP = 600.0
 """Thousandths of kubegpu's measure one step of FGD's integer score is worth (see KubegpuPolicy._node_score)."""
 FGD_ONLY = 1e7
-"""... for shares and multi-GPU tasks: more than kubegpu's measure can move (it stays below a million thousandths)."""
+"""... for multi-GPU tasks: more than kubegpu's measure can move (it stays below a million thousandths)."""
+FGD_GRADIENT = 100.0
+"""For shares: thousandths of kubegpu's measure one thousandth of FGD's gradient (with the model charge) is worth."""
 LOSS_STEP = 1e10
-"""For shares, one rank of the leftover loss: more than FGD's score (at most 100 steps of `FGD_ONLY`) and kubegpu's
-measure together can move."""
+"""For shares, one rank of the leftover loss: more than FGD's gradient (a few thousand thousandths, x `FGD_GRADIENT`)
+and kubegpu's measure together can move."""
 CAPACITY_WEIGHT = 2.0
 """How much the capacity fragment counts beside FGD's one-copy fragment (weight 1)."""
 RELEARN_EVERY = 256
@@ -327,8 +329,8 @@ class KubegpuPolicy(_GradientPolicy):
       thousandths of kubegpu's measure. A multi-GPU task: by FGD's integer score alone, with the scarcity of GPU
       models charged to it, kubegpu's measure only breaking its ties (see `_node_score`). A share: first by the
       least leftover loss (`leftovers.py`: what the GPU's leftover stops being worth to the expected shares, from
-      the dual prices of their cutting-stock LP, rebuilt with the popularity model), then as a multi-GPU task
-      (see `_share_score`). Ties go to the smallest node name.
+      the dual prices of their cutting-stock LP, rebuilt with the popularity model), then by FGD's gradient with
+      the model charge, weighed beside kubegpu's measure (see `_share_score`). Ties go to the smallest node name.
     """
 
     def __init__(self, context: PolicyContext) -> None:
@@ -379,12 +381,14 @@ class KubegpuPolicy(_GradientPolicy):
 
     def _share_score(self, delta: FloatArray, request: Request, free: IntArray) -> FloatArray:
         """A share: the least leftover loss first (`leftovers.LeftoverPrices`: what the GPU's leftover stops being
-        worth to the expected shares), then FGD's integer score with the model-scarcity charge, then kubegpu's
-        measure. Measured on Alibaba's trace (docs/benchmarks.md), the loss ranks shares better than FGD's one-copy
-        test: it sees how well the leftover still packs, not only whether one copy of each shape fits."""
+        worth to the expected shares), then FGD's gradient with the model-scarcity charge, each thousandth of it
+        worth `FGD_GRADIENT` of kubegpu's measure. Measured on Alibaba's trace (docs/benchmarks.md), the loss ranks
+        shares better than FGD's one-copy test: it sees how well the leftover still packs, not only whether one copy
+        of each shape fits. Behind it, FGD's gradient itself (not its integer score, which ties most leftovers)
+        ranks better, and kubegpu's measure weighed beside it keeps the CPU the GPUs around a share need."""
         loss = self._leftovers.loss_rank(request.gpu_milli, free)
-        fgd = _fgd_integer(delta[:, 0] + delta[:, 2])  # FGD's continuous gradient in GPUs would fit the same range
-        return np.asarray(-loss * LOSS_STEP + fgd * FGD_ONLY - delta[:, 1], dtype=np.float64)
+        fgd = delta[:, 0] + delta[:, 2]
+        return np.asarray(-loss * LOSS_STEP - fgd * FGD_GRADIENT - delta[:, 1], dtype=np.float64)
 
     def _select(self, score: FloatArray, feasible: npt.NDArray[np.bool_], state: ClusterState) -> int:
         masked = np.where(feasible, score, -np.inf)
