@@ -16,12 +16,15 @@ its FGD experiment run per variant and seed with the paper's flags; kubegpu repl
 same run. Printed: allocation at 100 % and 130 % arrived for both, wall time per experiment, and the ratios. One
 FGD experiment takes about 20 minutes on two cores (about 10,000 placements on 1,213 nodes).
 
-`--share-packing`: instead of replaying, how high placement can go at 100 % arrived (`share_packing`): the shares
-arrived by then packed offline by best fit decreasing, every one placed; the ceiling no placement, online or offline,
-exceeds (the exact optimum of the LP relaxation in benchmarks/trace_ceiling.py: whole GPUs and shares packed into the
-cluster's GPUs, CPU, memory, GPU models, node boundaries and arrival order forgotten); and the same ceiling when every
-share of the variant's most common size arrived by then is placed, as an online placement that turns none away while
-a GPU has room for it does.
+`--share-packing`: how high placement can go at 100 % arrived (`share_packing`): the shares arrived by then packed
+offline by best fit decreasing, every one placed; the ceiling no placement, online or offline, exceeds (the exact
+optimum of the LP relaxation in benchmarks/trace_ceiling.py: whole GPUs and shares packed into the cluster's GPUs,
+CPU, memory, GPU models, node boundaries and arrival order forgotten); the same ceiling when every share of the
+variant's most common size arrived by then is placed, as an online placement that turns none away while a GPU has
+room for it does; the same ceiling when at least the shares `--policy` had placed by then (per size, from its replay
+of the seed) are placed; and that policy's own allocation at 100 %. The last two side by side say what its packing
+cost (with CPU, memory, models and nodes); the gap between the last ceiling and the plain one comes from holding
+the shares it had placed by then, which the order of arrival chose (an online placement turns few away).
 
 `--quick`: the default variant and seed 42 only (with --trace-dir alone: the five variants of the README's table).
 """
@@ -39,7 +42,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.trace_ceiling when run as a script
 
@@ -98,7 +103,8 @@ def _kubegpu(csv_dir: Path, variant: str, seed: int, policy: str) -> ReplayResul
 
 def arrived_at_100(csv_dir: Path, variant: str, seed: int) -> tuple[int, Counter[int], int]:
     """The tasks arrived by 100 % for one seed (up to the one that brings the arrived thousandths to the cluster's,
-    as the replay's level): (the cluster's GPUs, shares arrived per size in thousandths, whole-GPU thousandths)."""
+    as the replay's level): (the cluster's GPUs, shares arrived per size in thousandths, whole-GPU thousandths). The
+    same arrivals (capacity, seed, inflation 1.3) as `replay` of the seed sees, up to the moment it reads a_100."""
     capacity = read_nodes(csv_dir / NODE_CSV).total_gpu_milli
     shares: Counter[int] = Counter()
     whole = arrived = 0
@@ -122,16 +128,31 @@ def most_common_share(csv_dir: Path, variant: str) -> int:
     return sizes.most_common(1)[0][0]
 
 
-def share_packing(csv_dir: Path, variant: str, seed: int, size: int) -> tuple[float, float, float | None]:
-    """% of GPUs allocated at 100 % arrived: (packed offline, ceiling, ceiling when every share of `size` is placed).
+class Packing(NamedTuple):
+    """`share_packing`'s figures for one seed, % of GPUs allocated at 100 % arrived."""
+
+    packed_offline: float
+    ceiling: float
+    ceiling_most_common: float | None  # every share of the most common size placed; None: they do not all fit
+    ceiling_policy_shares: float | None  # at least the shares the policy had placed; None: HiGHS finds no room
+    policy_at_100: float
+
+
+def share_packing(csv_dir: Path, variant: str, seed: int, size: int, policy: str = "kubegpu") -> Packing:
+    """% of GPUs allocated at 100 % arrived, offline and online (`Packing`).
 
     Packed offline: the shares arrived by then, all known in advance and placed by best fit in decreasing size,
     leave their GPUs' leftovers free (whole-GPU tasks need a free GPU), and at 100 % arrived the free thousandths
     are the ones not allocated. Ceiling: `trace_ceiling.lp_ceiling` on the tasks arrived by then; no placement,
-    online or offline, allocates more. The last: the same LP when every share of `size` arrived by then is placed
+    online or offline, allocates more. Most common: the same LP when every share of `size` arrived by then is placed
     (None when they do not all fit). An online placement places a share of the trace's most common size as long
     as any GPU has room for it, and every such GPU's leftover takes only the rarer smaller shares: so, in practice,
-    every share of that size arriving before the cluster fills is placed."""
+    every share of that size arriving before the cluster fills is placed. Policy's shares: the same LP when at least
+    as many shares of every size are placed as the policy's replay of the seed had placed at that moment (the replay
+    and this function see the same arrivals); the policy's own allocation at 100 % sits beside it. Whatever the
+    policy lost below that ceiling its placement lost (or CPU, memory, GPU models and node boundaries did, which
+    the LP forgets); what lies between it and the plain ceiling is the cost of holding the shares placed by then,
+    which the arrival order chose before the cluster filled."""
     gpus, shares, whole = arrived_at_100(csv_dir, variant, seed)
     leftovers: list[int] = []  # free thousandths of each GPU opened, sorted
     for share in sorted(shares.elements(), reverse=True):
@@ -140,28 +161,36 @@ def share_packing(csv_dir: Path, variant: str, seed: int, size: int) -> tuple[fl
         bisect.insort(leftovers, free - share)
     ceiling = lp_ceiling(shares, whole, gpus)
     assert ceiling is not None  # no floor: always feasible
-    return (100.0 * (1 - sum(leftovers) / (gpus * MILLI)), ceiling,
-            lp_ceiling(shares, whole, gpus, at_least=(size, shares[size])))
+    online = _kubegpu(csv_dir, variant, seed, policy)
+    return Packing(100.0 * (1 - sum(leftovers) / (gpus * MILLI)), ceiling,
+                   lp_ceiling(shares, whole, gpus, at_least={size: shares[size]}),
+                   lp_ceiling(shares, whole, gpus, at_least=online.shares_placed_at_100), online.allocated_percent[100])
 
 
-def packing(csv_dir: Path, variants: list[str], seeds: list[int]) -> list[dict[str, object]]:
+def _mean(values: Sequence[float | None]) -> float | None:
+    return None if None in values else round(statistics.mean(v for v in values if v is not None), 3)
+
+
+def packing(csv_dir: Path, variants: list[str], seeds: list[int], policy: str = "kubegpu") -> list[dict[str, object]]:
     rows = []
     print("| variant | every share placed, packed offline | ceiling: any placement | ceiling: every share of the "
-          "most common size placed |")
-    print("|---|---|---|---|")
+          f"most common size placed | ceiling: {policy}'s shares at 100 % placed | {policy} at 100 % |")
+    print("|---|---|---|---|---|---|")
     for variant in variants:
         size = most_common_share(csv_dir, variant)
-        packed, ceiling, forced = zip(*(share_packing(csv_dir, variant, seed, size) for seed in seeds), strict=True)
-        fits = [f for f in forced if f is not None]
-        forced_mean = round(statistics.mean(fits), 3) if len(fits) == len(forced) else None
-        rows.append({"variant": variant, "seeds": seeds, "packedOfflineAt100": round(statistics.mean(packed), 3),
-                     "ceilingAt100": round(statistics.mean(ceiling), 3), "mostCommonShareMilli": size,
-                     "ceilingAllOfMostCommonShareAt100": forced_mean,
+        runs = [share_packing(csv_dir, variant, seed, size, policy) for seed in seeds]
+        packed, ceiling, forced, floored, online = zip(*runs, strict=True)
+        rows.append({"variant": variant, "seeds": seeds, "packedOfflineAt100": _mean(packed),
+                     "ceilingAt100": _mean(ceiling), "mostCommonShareMilli": size,
+                     "ceilingAllOfMostCommonShareAt100": _mean(forced), "ceilingKubegpuSharesAt100": _mean(floored),
+                     "kubegpuAt100": _mean(online), "policy": policy,
                      "perSeedCeilingAt100": [round(c, 3) for c in ceiling],
-                     "perSeedCeilingAllOfMostCommonShareAt100": [None if f is None else round(f, 3) for f in forced]})
-        last = "they do not all fit" if forced_mean is None else f"{forced_mean:.2f}"
-        print(f"| {variant} | {statistics.mean(packed):.2f} | {statistics.mean(ceiling):.2f} | {last} (size {size}) |",
-              flush=True)
+                     "perSeedCeilingAllOfMostCommonShareAt100": [None if f is None else round(f, 3) for f in forced],
+                     "perSeedCeilingKubegpuSharesAt100": [None if f is None else round(f, 3) for f in floored],
+                     "perSeedKubegpuAt100": list(online)})
+        last = [("they do not all fit" if m is None else f"{m:.2f}") for m in (_mean(forced), _mean(floored))]
+        print(f"| {variant} | {statistics.mean(packed):.2f} | {statistics.mean(ceiling):.2f} | {last[0]} (size {size}) "
+              f"| {last[1]} | {statistics.mean(online):.2f} |", flush=True)
     return rows
 
 
@@ -304,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="kubegpu", help="kubegpu's policy to compare (default kubegpu)")
     parser.add_argument("--quick", action="store_true", help="default variant, seed 42 (see the docstring)")
     parser.add_argument("--share-packing", action="store_true",
-                        help="instead: shares packed offline, and the LP ceiling of any placement at 100 %% arrived "
-                             "(see share_packing)")
+                        help="instead: at 100 %% arrived, shares packed offline, the LP ceiling of any placement, "
+                             "the ceilings with every share of the most common size and with --policy's placed "
+                             "shares as floors, and --policy's own allocation (see share_packing)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -318,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise KubegpuError(f"--variants: {', '.join(unknown)} not in the published table ({', '.join(PUBLISHED)})")
         if args.share_packing:
-            rows = packing(csv_dir, variants, seeds)
+            rows = packing(csv_dir, variants, seeds, args.policy)
         elif args.artifact:
             rows = against_artifact(args.artifact, csv_dir, variants, seeds, args.policy)
         else:

@@ -63,3 +63,23 @@ def test_the_same_seed_gives_the_same_result() -> None:
         return replay(state, tasks, "kubegpu", seed).allocated_percent
 
     assert run(7) == run(7)
+
+
+def test_shares_placed_at_100_counts_what_was_placed_when_the_arrived_workload_first_reached_capacity() -> None:
+    # one GPU; shares of 700, 400 and 100 (1,200 thousandths), inflated to 1,300 by copies of the 100
+    tasks = [Task(f"t{i}", Request(100, 1, 1, milli)) for i, milli in enumerate((700, 400, 100))]
+    expected = {4: ([700, 400, 100, 100], {700: 1}),  # the 400 brings 1,100 and is skipped; both 100s fit after
+                7: ([700, 100, 400, 100], {700: 1, 100: 1})}  # the 100 before the 400 counts, the copy after not
+    for seed, (sizes, at_100) in expected.items():
+        assert [t.request.gpu_milli for t in arrivals(tasks, 1_000, seed, 1.3)] == sizes
+        result = replay(state_from_nodes([("n0", "T4", 64_000, 1_000, 1)]), tasks, "kubegpu", seed)
+        assert result.shares_placed_at_100 == at_100
+        assert result.placed_pods == 3 and result.allocated_percent[100] == 100.0 * sum(
+            size * count for size, count in at_100.items()) / 1_000
+        assert "sharesPlacedAt100" not in result.to_json() and len(result.to_json()) == 6
+    # whole-GPU tasks are not shares; a workload that never reaches 100 % reads what was placed in the end (seed 0
+    # draws the whole-GPU task as the first copy, which would pass half of the 4 GPUs: no copy arrives)
+    tasks = [Task("w", WHOLE), Task("s", Request(100, 1, 1, 300))]
+    assert len(arrivals(tasks, 4_000, 0, 0.5)) == 2
+    never = replay(state_from_nodes([("n0", "T4", 64_000, 1_000, 4)]), tasks, "kubegpu", 0, inflation=0.5)
+    assert never.allocated_percent[100] == 32.5 and never.shares_placed_at_100 == {300: 1}

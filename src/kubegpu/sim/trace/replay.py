@@ -12,6 +12,7 @@ a level the workload never reaches reads the final allocation.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,10 @@ class ReplayResult:
     placed_pods: int
     wall_seconds: float
     tasks: int = field(default=0)
+    shares_placed_at_100: dict[int, int] = field(default_factory=dict)
+    """Shares placed when the arrived workload first reached 100 % (as a_100 is read), count per size in
+    thousandths: which shares any rearrangement at that moment would have to hold (benchmarks/fragmentation.py's
+    ceiling with them as floors). Not part of `to_json`."""
 
     def to_json(self) -> dict[str, object]:
         return {"policy": self.policy, "seed": self.seed, "totalGpus": self.total_gpus,
@@ -74,6 +79,8 @@ def replay(state: ClusterState, tasks: Sequence[Task], policy: str, seed: int,
     chooser = make_policy(policy, PolicyContext(seed=seed, workload=[t.request for t in tasks]))
     levels: list[float] = []
     arrived = allocated = skipped = 0
+    placed_shares: Counter[int] = Counter()  # counted while a_100 is not yet read; then frozen below
+    at_100: dict[int, int] | None = None
 
     def record() -> None:
         while len(levels) < LEVELS and arrived * 100 >= len(levels) * capacity:
@@ -87,9 +94,14 @@ def replay(state: ClusterState, tasks: Sequence[Task], policy: str, seed: int,
         else:
             state.apply(task.request, placement)
             allocated += task.request.gpu_total_milli
+            if at_100 is None and task.request.shares:
+                placed_shares[task.request.gpu_milli] += 1
         arrived += task.request.gpu_total_milli
         record()
+        if at_100 is None and len(levels) > 100:
+            at_100 = dict(placed_shares)
     final = round(100.0 * allocated / capacity, 4)
     levels.extend([final] * (LEVELS - len(levels)))
     return ReplayResult(policy, seed, capacity // 1000, levels, skipped, len(order) - skipped,
-                        round(time.perf_counter() - started, 3), len(order))
+                        round(time.perf_counter() - started, 3), len(order),
+                        dict(placed_shares) if at_100 is None else at_100)
