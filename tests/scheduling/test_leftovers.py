@@ -13,10 +13,11 @@ from kubegpu.scheduling.placement import (
     PolicyContext,
     Request,
     choose,
+    leftovers,
     make_policy,
     state_from_nodes,
 )
-from kubegpu.scheduling.placement.leftovers import best_pattern, leftover_prices, share_prices
+from kubegpu.scheduling.placement.leftovers import PRICED_SIZES, best_pattern, leftover_prices, share_prices
 
 
 def _shares(*sized: tuple[int, int]) -> list[Request]:
@@ -61,6 +62,22 @@ def test_a_size_the_workload_never_asked_for_is_priced_by_what_it_displaces() ->
     # free it leaves 300, still a 300 share's worth
     assert prices.price[200] == 0.0
     assert prices.loss(200, np.array([1000, 500])) == pytest.approx([1 / 3, 0])
+
+
+def test_only_the_most_common_sizes_are_priced_so_a_learned_workload_of_many_sizes_stays_cheap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the 300/700 pair a hundred times each, then 199 sizes asked once: the LP prices the 64 most common sizes, the
+    # rest are priced like a size never asked for, V(s)
+    rare = [Request(1_000, 1, 1, size) for size in range(101, 998, 4) if size not in (300, 700)][:199]
+    seen: list[set[int]] = []
+    real = leftovers.share_prices
+    monkeypatch.setattr(leftovers, "share_prices", lambda counts: seen.append(set(counts)) or real(counts))
+    prices = leftover_prices(_shares((300, 100), (700, 100)) + rare)
+    assert len(rare) == 199 and len(seen) == 1
+    assert len(seen[0]) == PRICED_SIZES and {300, 700} <= seen[0]
+    unpriced = sorted({r.gpu_milli for r in rare} - seen[0])
+    assert len(unpriced) == 199 - (PRICED_SIZES - 2)
+    assert prices.price[unpriced].tolist() == pytest.approx(prices.value[unpriced].tolist())
 
 
 def test_no_shares_no_losses() -> None:

@@ -38,6 +38,10 @@ GAIN_TOLERANCE = 1e-9
 MAX_ROUNDS = 2_000
 """Column-generation rounds at most. A trace's few dozen share sizes converge in well under a hundred; a workload
 that does not converge in this many is refused rather than priced by duals that are not yet prices."""
+PRICED_SIZES = 64
+"""The LP prices at most this many share sizes, the most common: its cost grows with the sizes (a few ms for a
+trace's twenty, seconds for hundreds), and a live cluster that learns the workload rebuilds the prices while it
+decides. A rarer size is priced like one the workload never asked for."""
 _HIGHS = HighsLoader()
 
 
@@ -171,9 +175,10 @@ def _fitting(size: int, free: IntArray) -> IntArray:
 
 def leftover_prices(requests: Sequence[Request]) -> LeftoverPrices:
     """The prices for a workload: its shares' sizes and counts priced by `share_prices` (whole-GPU and CPU-only
-    requests take no part in how shares pack a GPU). No shares: every leftover is worth nothing and every loss 0."""
+    requests take no part in how shares pack a GPU), the `PRICED_SIZES` most common of them. No shares: every
+    leftover is worth nothing and every loss 0."""
     counts = Counter(r.gpu_milli for r in requests if r.shares)
-    return prices_of(share_prices(counts))
+    return prices_of(share_prices(dict(counts.most_common(PRICED_SIZES))))
 
 
 def prices_of(prices: Mapping[int, float]) -> LeftoverPrices:
