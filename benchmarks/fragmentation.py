@@ -174,23 +174,26 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def packing(csv_dir: Path, variants: list[str], seeds: list[int], policy: str = "kubegpu") -> list[dict[str, object]]:
     rows = []
     print("| variant | every share placed, packed offline | ceiling: any placement | ceiling: every share of the "
-          f"most common size placed | ceiling: {policy}'s shares at 100 % placed | {policy} at 100 % |")
-    print("|---|---|---|---|---|---|")
+          f"most common size placed | ceiling: {policy}'s shares at 100 % placed | {policy} at 100 % | {policy} / "
+          "that ceiling |")
+    print("|---|---|---|---|---|---|---|")
     for variant in variants:
         size = most_common_share(csv_dir, variant)
         runs = [share_packing(csv_dir, variant, seed, size, policy) for seed in seeds]
         packed, ceiling, forced, floored, online = zip(*runs, strict=True)
+        bound = _mean(floored)
+        ratio = None if bound is None else round(statistics.mean(online) / bound, 4)
         rows.append({"variant": variant, "seeds": seeds, "packedOfflineAt100": _mean(packed),
                      "ceilingAt100": _mean(ceiling), "mostCommonShareMilli": size,
                      "ceilingAllOfMostCommonShareAt100": _mean(forced), "ceilingKubegpuSharesAt100": _mean(floored),
-                     "kubegpuAt100": _mean(online), "policy": policy,
+                     "kubegpuAt100": _mean(online), "policy": policy, "kubegpuOverCeilingKubegpuShares": ratio,
                      "perSeedCeilingAt100": [round(c, 3) for c in ceiling],
                      "perSeedCeilingAllOfMostCommonShareAt100": [None if f is None else round(f, 3) for f in forced],
                      "perSeedCeilingKubegpuSharesAt100": [None if f is None else round(f, 3) for f in floored],
                      "perSeedKubegpuAt100": list(online)})
         last = [("they do not all fit" if m is None else f"{m:.2f}") for m in (_mean(forced), _mean(floored))]
         print(f"| {variant} | {statistics.mean(packed):.2f} | {statistics.mean(ceiling):.2f} | {last[0]} (size {size}) "
-              f"| {last[1]} | {statistics.mean(online):.2f} |", flush=True)
+              f"| {last[1]} | {statistics.mean(online):.2f} | {'-' if ratio is None else f'{ratio:.3f}'} |", flush=True)
     return rows
 
 

@@ -86,12 +86,14 @@ def test_share_packing_table_names_the_size_and_says_when_they_do_not_all_fit(
     out = tmp_path / "rows.json"
     assert bench.main(["--trace-dir", str(tmp_path), "--share-packing", "--variants", "default", "--seeds", "42",
                        "--json", str(out)]) == 0
-    assert "| default | 76.25 | 81.00 | they do not all fit (size 810) | 81.00 | 81.00 |" in capsys.readouterr().out
+    assert ("| default | 76.25 | 81.00 | they do not all fit (size 810) | 81.00 | 81.00 | 1.000 |"
+            in capsys.readouterr().out)
     [row] = json.loads(out.read_text())
     assert row["packedOfflineAt100"] == 76.25 and row["ceilingAt100"] == 81.0 and row["mostCommonShareMilli"] == 810
     assert row["ceilingAllOfMostCommonShareAt100"] is None and row["perSeedCeilingAt100"] == [81.0]
     assert row["ceilingKubegpuSharesAt100"] == row["kubegpuAt100"] == 81.0
     assert row["perSeedCeilingKubegpuSharesAt100"] == row["perSeedKubegpuAt100"] == [81.0]
+    assert row["kubegpuOverCeilingKubegpuShares"] == 1.0
 
 
 def test_lp_ceiling_on_cases_solved_by_hand() -> None:
